@@ -1,0 +1,98 @@
+"""A channel: the devices that connect this parcelport to one remote listener.
+
+Every comm a process opens to the same listener becomes a virtual connection
+on the channel; with ``ndevices`` > 1 the virtual connections are spread over
+replicated devices (LCI's answer to contention on one network queue). The
+channel closes its devices once its last virtual connection is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from dask_lcicomm.parcel import MAX_VC
+from dask_lcicomm.providers.base import Device
+
+if TYPE_CHECKING:
+    from dask_lcicomm.parcelport import Parcelport
+
+logger = logging.getLogger("dask_lcicomm.channel")
+
+
+class Channel:
+    def __init__(self, port: Parcelport, key: str) -> None:
+        self.port = port
+        self.key = key
+        self.devices: list[Device] = []
+        self.closed = False
+        self._opening: asyncio.Task[list[Device]] | None = None
+        self._pending = 0
+        self._next_vc = 1
+
+    def start(self, host: str, port: int) -> None:
+        """Begin connecting the devices; :meth:`allocate` waits for them."""
+        self._opening = asyncio.ensure_future(self._open(host, port))
+        self._opening.add_done_callback(self._opened)
+
+    async def _open(self, host: str, port: int) -> list[Device]:
+        n = self.port.settings.ndevices
+        results = await asyncio.gather(
+            *(self.port.open_device(host, port, i, n) for i in range(n)), return_exceptions=True
+        )
+        devices = [r for r in results if isinstance(r, Device)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for device in devices:
+                self.port.finish_device(device)
+            raise errors[0]
+        return devices
+
+    def _opened(self, task: asyncio.Task[list[Device]]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self.closed = True
+            self.port.forget_channel(self)
+            return
+        self.devices = task.result()
+        for device in self.devices:
+            device.channel = self
+        self.maybe_close()
+
+    async def allocate(self) -> tuple[Device, int]:
+        """A device and a fresh virtual-connection id on it."""
+        assert self._opening is not None
+        self._pending += 1
+        try:
+            await asyncio.shield(self._opening)
+        finally:
+            self._pending -= 1
+        if self.closed:
+            self.maybe_close()
+            raise ConnectionResetError(f"channel to {self.key} closed while connecting")
+        vc = self._next_vc
+        if vc > MAX_VC:
+            raise ConnectionError(f"channel to {self.key} ran out of virtual connection ids")
+        self._next_vc += 1
+        return self.devices[vc % len(self.devices)], vc
+
+    @property
+    def nvcs(self) -> int:
+        return sum(len(device.vcs) for device in self.devices)
+
+    def maybe_close(self) -> None:
+        """Close once opened (or broken) with no virtual connection and nobody waiting."""
+        if not self._pending and not self.nvcs and (self.devices or self.closed):
+            self._close()
+
+    def device_lost(self) -> None:
+        """One device died: the channel is broken; close the rest."""
+        self.closed = True
+        self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        devices, self.devices = self.devices, []
+        for device in devices:
+            self.port.finish_device(device)
+        self.port.forget_channel(self)

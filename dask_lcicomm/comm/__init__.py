@@ -1,0 +1,1 @@
+"""The Dask side of lci://: comm, listener, connector and the registered backend."""

@@ -1,0 +1,92 @@
+"""Configuration of the lci:// backend, read from Dask's config system.
+
+All knobs live under ``distributed.comm.lci``; their defaults ship in
+``lci.yaml`` next to this module and can be overridden the usual Dask ways
+(YAML files, ``dask.config.set`` or ``DASK_DISTRIBUTED__COMM__LCI__*``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import dask
+import dask.config
+import yaml
+from dask.utils import parse_bytes, parse_timedelta
+
+PREFIX = "distributed.comm.lci"
+
+PROGRESS_MODES = ("loop", "thread", "poll")
+COMPLETION_MODES = ("queue", "sync")
+PROVIDERS = ("tcp",)
+
+
+def _load_defaults() -> None:
+    path = os.path.join(os.path.dirname(__file__), "lci.yaml")
+    with open(path) as f:
+        dask.config.update_defaults(yaml.safe_load(f))
+
+
+_load_defaults()
+
+
+def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{PREFIX}.{key} must be one of {allowed}, got {value!r}")
+    return str(value)
+
+
+def _positive(key: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{PREFIX}.{key} must be >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A validated snapshot of ``distributed.comm.lci``."""
+
+    progress: str = "loop"
+    progress_threads: int = 1
+    poll_interval: float = 0.001
+    completion: str = "queue"
+    ndevices: int = 1
+    providers: tuple[str, ...] = ("tcp",)
+    eager_threshold: int = 64 * 1024
+    fragment_size: int = 1 << 20
+    aggregation: bool = True
+    write_high_water: int = 64 << 20
+    max_message_bytes: int = 64 << 30
+    max_frames: int = 1 << 20
+    max_eager_bytes: int = 64 << 20
+
+    @classmethod
+    def from_config(cls) -> Settings:
+        """Read and validate the current Dask configuration."""
+        c = dask.config.get(PREFIX)
+
+        def nbytes(key: str) -> int:
+            return int(parse_bytes(c[key]) if isinstance(c[key], str) else c[key])
+
+        providers = c["providers"]
+        if isinstance(providers, str):
+            providers = [p.strip() for p in providers.strip("[]").split(",")]
+        providers = tuple(_choice("providers", p, PROVIDERS) for p in providers)
+        if not providers:
+            raise ValueError(f"{PREFIX}.providers must name at least one provider")
+        return cls(
+            progress=_choice("progress", c["progress"], PROGRESS_MODES),
+            progress_threads=_positive("progress-threads", int(c["progress-threads"])),
+            poll_interval=float(parse_timedelta(c["poll-interval"], default="s")),
+            completion=_choice("completion", c["completion"], COMPLETION_MODES),
+            ndevices=_positive("ndevices", int(c["ndevices"])),
+            providers=providers,
+            eager_threshold=nbytes("eager-threshold"),
+            fragment_size=_positive("fragment-size", nbytes("fragment-size")),
+            aggregation=bool(c["aggregation"]),
+            write_high_water=_positive("write-high-water", nbytes("write-high-water")),
+            max_message_bytes=nbytes("max-message-bytes"),
+            max_frames=_positive("max-frames", int(c["max-frames"])),
+            max_eager_bytes=_positive("max-eager-bytes", nbytes("max-eager-bytes")),
+        )

@@ -1,0 +1,289 @@
+"""The parcelport: this process's lci:// endpoint on one event loop.
+
+It owns the progress engine, the completion object, every device and the
+channels to remote listeners, and it routes each completion to its virtual
+connection. Dask comms between the same two processes are virtual
+connections multiplexed over one channel, so a thousand comms do not cost a
+thousand sockets. The parcelport exists while a comm, device or listener
+does; when the last one goes, progress stops (and its threads exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+from dask.utils import parse_timedelta
+from distributed.comm.addressing import unparse_host_port
+from distributed.comm.core import CommClosedError
+
+from dask_lcicomm.channel import Channel
+from dask_lcicomm.config import Settings
+from dask_lcicomm.comm.comm import LCIComm
+from dask_lcicomm.parcel import (
+    Close,
+    Connect,
+    Hello,
+    Limits,
+    Message,
+    encode_close,
+    encode_connect,
+    encode_hello,
+)
+from dask_lcicomm.progress import ProgressEngine, make_completion
+from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone
+from dask_lcicomm.providers.tcp import TcpDevice, open_connection
+
+if TYPE_CHECKING:
+    from dask_lcicomm.comm.listener import LCIListener
+
+logger = logging.getLogger("dask_lcicomm.parcelport")
+
+SCHEME = "lci://"
+LINGER = 10.0
+
+
+def _address(sockaddr: tuple[Any, ...]) -> str:
+    return SCHEME + unparse_host_port(sockaddr[0], sockaddr[1])
+
+
+class Parcelport:
+    """One per event loop; get it with :meth:`current`."""
+
+    _ports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Parcelport] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @classmethod
+    def current(cls) -> Parcelport:
+        """The parcelport of the running event loop, created on first use."""
+        loop = asyncio.get_running_loop()
+        port = cls._ports.get(loop)
+        if port is None:
+            port = cls._ports[loop] = cls(loop, Settings.from_config())
+        return port
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings) -> None:
+        self.loop = loop
+        self.settings = settings
+        self.limits = Limits(
+            max_message_bytes=settings.max_message_bytes,
+            max_frames=settings.max_frames,
+            max_eager_bytes=settings.max_eager_bytes,
+        )
+        self.completion = make_completion(
+            settings.completion, loop, self._handle, threadsafe=settings.progress == "thread"
+        )
+        self.engine = ProgressEngine(
+            loop,
+            settings.progress,
+            self.completion,
+            nthreads=settings.progress_threads,
+            poll_interval=settings.poll_interval,
+        )
+        self.identity = {"pid": os.getpid(), "host": socket.gethostname(), "token": os.urandom(8).hex()}
+        self._channels: dict[str, Channel] = {}
+        self._devices: set[Device] = set()
+        self._listeners: set[LCIListener] = set()
+        self._hellos: dict[Device, asyncio.Future[dict[str, Any]]] = {}
+        self._greeted: set[Device] = set()
+
+    # -- lifetime -----------------------------------------------------------
+
+    def add_listener(self, listener: LCIListener) -> None:
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: LCIListener) -> None:
+        self._listeners.discard(listener)
+        self._maybe_shut_down()
+
+    def _maybe_shut_down(self) -> None:
+        if self._devices or self._listeners or self._channels:
+            return
+        if self._ports.get(self.loop) is self:
+            del self._ports[self.loop]
+        self.engine.close()
+
+    # -- devices ------------------------------------------------------------
+
+    def _new_device(self, sock: socket.socket, index: int, listener: LCIListener | None) -> Device:
+        device = TcpDevice(
+            sock,
+            completion=self.completion,
+            want_write=self.engine.want_write,
+            limits=self.limits,
+            aggregation=self.settings.aggregation,
+            batch_bytes=self.settings.fragment_size,
+        )
+        device.index = index
+        device.listener = listener
+        device.local_address = _address(sock.getsockname())
+        device.peer_address = _address(sock.getpeername())
+        self._devices.add(device)
+        self.engine.add(device)
+        return device
+
+    def accept(self, sock: socket.socket, listener: LCIListener) -> None:
+        """Adopt a socket accepted by ``listener``; it must greet us first."""
+        try:
+            self._new_device(sock, 0, listener)
+        except OSError as e:
+            logger.info("dropping connection accepted by %s: %s", listener.contact_address, e)
+            sock.close()
+
+    async def open_device(self, host: str, port: int, index: int, ndevices: int) -> Device:
+        """Connect one device of a channel and exchange greetings."""
+        sock = await open_connection(host, port)
+        device = self._new_device(sock, index, None)
+        hello = self.loop.create_future()
+        self._hellos[device] = hello
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+        try:
+            device.put(0, Raw(self._hello(device=index, ndevices=ndevices)))
+            await asyncio.wait_for(asyncio.shield(hello), timeout)
+        except BaseException:
+            self._close_device(device)
+            raise
+        return device
+
+    def _hello(self, **extra: Any) -> bytes:
+        return encode_hello(json.dumps({**self.identity, **extra}).encode())
+
+    def _close_device(self, device: Device) -> None:
+        self.engine.remove(device)
+
+    def finish_device(self, device: Device) -> None:
+        """Close ``device`` gracefully: flush, end output, wait for the peer's end."""
+        try:
+            device.finish()
+        except OSError:
+            pass
+        self.loop.call_later(LINGER, self._close_device, device)
+
+    # -- channels and virtual connections ---------------------------------
+
+    async def connect(self, host: str, port: int, deserialize: bool) -> LCIComm:
+        """Open a virtual connection to the listener at ``host:port``."""
+        key = unparse_host_port(host, port)
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = Channel(self, key)
+            channel.start(host, port)
+        device, vc = await channel.allocate()
+        comm = LCIComm(self, device, vc, device.local_address, device.peer_address, deserialize)
+        device.vcs[vc] = comm
+        try:
+            device.put(vc, Raw(encode_connect(vc)))
+        except DeviceClosed as e:
+            del device.vcs[vc]
+            comm.abort()
+            raise CommClosedError(f"channel to {SCHEME}{key} closed: {e}") from e
+        return comm
+
+    def forget_channel(self, channel: Channel) -> None:
+        if self._channels.get(channel.key) is channel:
+            del self._channels[channel.key]
+        self._maybe_shut_down()
+
+    def vc_closed(self, device: Device, vc: int) -> None:
+        """The local side of ``vc`` closed: free the id, maybe the channel."""
+        if device.vcs.pop(vc, None) is not None and device.channel is not None:
+            device.channel.maybe_close()
+
+    # -- completions ----------------------------------------------------------
+
+    def _handle(self, batch: list[tuple[Device, Any]]) -> None:
+        """Route a batch of completions (runs on the event loop)."""
+        for device, event in batch:
+            kind = type(event)
+            if kind is Message:
+                comm = device.vcs.get(event.vc)
+                if comm is not None:
+                    comm._deliver(event.frames)
+            elif kind is SendDone:
+                if not event.token.done():
+                    event.token.set_result(None)
+            elif kind is DeviceLost:
+                self._lost(device, event)
+            elif device not in self._greeted:
+                if kind is Hello:
+                    self._greet(device, event.payload)
+                else:
+                    self._violation(device, f"{kind.__name__} before HELLO")
+            elif kind is Connect:
+                self._open_vc(device, event.vc)
+            elif kind is Close:
+                comm = device.vcs.get(event.vc)
+                if comm is not None:
+                    comm._closed_by_peer("closed by peer")
+            else:
+                self._violation(device, "second HELLO")
+
+    def _greet(self, device: Device, payload: bytes) -> None:
+        try:
+            info = json.loads(payload)
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            self._violation(device, f"malformed HELLO: {e}")
+            return
+        self._greeted.add(device)
+        hello = self._hellos.pop(device, None)
+        if hello is not None:
+            if not hello.done():
+                hello.set_result(info)
+            return
+        try:
+            device.put(0, Raw(self._hello()))
+        except DeviceClosed:
+            pass
+
+    def _open_vc(self, device: Device, vc: int) -> None:
+        listener = device.listener
+        if listener is None or listener not in self._listeners:
+            if listener is None:
+                self._violation(device, f"CONNECT for vc {vc} sent to a connecting side")
+                return
+            logger.debug("refusing vc %d from %s: listener stopped", vc, device.peer_address)
+            try:
+                device.put(vc, Raw(encode_close(vc)))
+            except DeviceClosed:
+                pass
+            return
+        comm = LCIComm(
+            self, device, vc, device.local_address, device.peer_address, listener.deserialize
+        )
+        comm.allow_offload = listener.allow_offload
+        device.vcs[vc] = comm
+        listener.handle(comm)
+
+    def _violation(self, device: Device, reason: str) -> None:
+        logger.warning(
+            "closing lci connection %s <-> %s: %s", device.local_address, device.peer_address, reason
+        )
+        self._close_device(device)
+
+    def _lost(self, device: Device, event: DeviceLost) -> None:
+        self._close_device(device)
+        self._devices.discard(device)
+        self._greeted.discard(device)
+        hello = self._hellos.pop(device, None)
+        if hello is not None and not hello.done():
+            hello.set_exception(ConnectionResetError(f"connection lost during greeting: {event.reason}"))
+        error = CommClosedError(f"lci connection to {device.peer_address} lost: {event.reason}")
+        for token in event.tokens:
+            if not token.done():
+                token.set_exception(error)
+        comms = list(device.vcs.values())
+        device.vcs.clear()
+        for comm in comms:
+            comm._closed_by_peer(str(error))
+        if device.channel is not None:
+            device.channel.device_lost()
+        self._maybe_shut_down()

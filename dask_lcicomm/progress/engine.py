@@ -1,0 +1,307 @@
+"""The progress engine: who turns network readiness into completions.
+
+LCI makes progress explicit: nothing moves unless somebody calls progress.
+Here the engine owns that duty for every device of a parcelport, in one of
+three modes (``distributed.comm.lci.progress``):
+
+``loop``
+    The asyncio event loop watches every device and progresses it in its
+    own callbacks (HPX's worker-driven progress): no thread hand-off at all.
+``thread``
+    Dedicated progress threads block in ``epoll`` with the GIL released while
+    idle, progress the devices they own and hand completions to the loop
+    through the completion object: one wake-up per batch with a queue.
+``poll``
+    A timer on the event loop polls every device at a fixed period. Simple
+    and deterministic, it costs CPU while idle; meant for tests.
+
+Devices are spread over the progress threads round-robin, so ``ndevices``
+replicated devices are progressed in parallel where threads allow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import selectors
+import threading
+from collections import deque
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+from dask_lcicomm.progress.completion import Completion
+from dask_lcicomm.providers.base import Device
+
+logger = logging.getLogger("dask_lcicomm.progress")
+
+_thread_ids = count()
+
+
+class ProgressEngine:
+    """Progresses a set of devices in one of the modes ``loop``, ``thread``, ``poll``."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        mode: str,
+        completion: Completion,
+        nthreads: int = 1,
+        poll_interval: float = 0.001,
+    ) -> None:
+        self.mode = mode
+        self.completion = completion
+        self._driver: _Driver
+        if mode == "loop":
+            self._driver = _LoopDriver(loop, completion)
+        elif mode == "thread":
+            self._driver = _ThreadDriver(completion, nthreads)
+        elif mode == "poll":
+            self._driver = _PollDriver(loop, completion, poll_interval)
+        else:
+            raise ValueError(f"unknown progress mode {mode!r}")
+
+    def add(self, device: Device) -> None:
+        """Start progressing ``device``."""
+        self._driver.add(device)
+
+    def want_write(self, device: Device) -> None:
+        """``device`` has output that could not be sent at once."""
+        self._driver.want_write(device)
+
+    def remove(self, device: Device) -> None:
+        """Stop progressing ``device`` and release it."""
+        self._driver.remove(device)
+
+    def close(self) -> None:
+        """Stop progress; dedicated threads exit and are joined."""
+        self._driver.close()
+
+
+class _Driver:
+    def add(self, device: Device) -> None:
+        raise NotImplementedError
+
+    def want_write(self, device: Device) -> None:
+        raise NotImplementedError
+
+    def remove(self, device: Device) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _LoopDriver(_Driver):
+    def __init__(self, loop: asyncio.AbstractEventLoop, completion: Completion) -> None:
+        self._loop = loop
+        self._completion = completion
+        self._devices: set[Device] = set()
+
+    def add(self, device: Device) -> None:
+        self._devices.add(device)
+        self._loop.add_reader(device.fileno(), self._readable, device)
+
+    def _readable(self, device: Device) -> None:
+        if not device.on_readable():
+            self.remove(device)
+        self._completion.flush()
+
+    def want_write(self, device: Device) -> None:
+        if device in self._devices:
+            self._loop.add_writer(device.fileno(), self._writable, device)
+
+    def _writable(self, device: Device) -> None:
+        if device.on_writable():
+            self._loop.remove_writer(device.fileno())
+        self._completion.flush()
+
+    def remove(self, device: Device) -> None:
+        if device in self._devices:
+            self._devices.discard(device)
+            self._loop.remove_reader(device.fileno())
+            self._loop.remove_writer(device.fileno())
+            device.release()
+
+    def close(self) -> None:
+        for device in list(self._devices):
+            self.remove(device)
+
+
+class _PollDriver(_Driver):
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, completion: Completion, interval: float
+    ) -> None:
+        self._loop = loop
+        self._completion = completion
+        self._interval = interval
+        self._devices: dict[Device, bool] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, device: Device) -> None:
+        self._devices[device] = False
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._interval, self._poll)
+
+    def want_write(self, device: Device) -> None:
+        if device in self._devices:
+            self._devices[device] = True
+
+    def _poll(self) -> None:
+        for device, writing in list(self._devices.items()):
+            if not device.on_readable():
+                self.remove(device)
+            elif writing and device.on_writable():
+                self._devices[device] = False
+        self._completion.flush()
+        self._timer = self._loop.call_later(self._interval, self._poll) if self._devices else None
+
+    def remove(self, device: Device) -> None:
+        if self._devices.pop(device, None) is not None:
+            device.release()
+
+    def close(self) -> None:
+        for device in list(self._devices):
+            self.remove(device)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class _ThreadDriver(_Driver):
+    def __init__(self, completion: Completion, nthreads: int) -> None:
+        self._completion = completion
+        self._threads = [_ProgressThread(completion) for _ in range(nthreads)]
+        self._owner: dict[Device, _ProgressThread] = {}
+        self._next = 0
+
+    def add(self, device: Device) -> None:
+        thread = self._threads[self._next % len(self._threads)]
+        self._next += 1
+        self._owner[device] = thread
+        thread.post(thread.register, device)
+
+    def want_write(self, device: Device) -> None:
+        thread = self._owner.get(device)
+        if thread is not None:
+            thread.post(thread.watch_writes, device)
+
+    def remove(self, device: Device) -> None:
+        thread = self._owner.pop(device, None)
+        if thread is not None:
+            thread.post(thread.unregister, device)
+
+    def close(self) -> None:
+        for thread in self._threads:
+            thread.stop()
+
+
+class _ProgressThread:
+    """One dedicated progress thread: blocks in epoll, never spins."""
+
+    def __init__(self, completion: Completion) -> None:
+        self._completion = completion
+        self._selector: selectors.BaseSelector | None = None
+        self._commands: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._wake_r = self._wake_w = -1
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closed = False
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the progress thread (started on first use)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("progress thread is stopped")
+            if self._thread is None:
+                self._start()
+            self._commands.append((fn, args))
+            os.write(self._wake_w, b"\0")
+
+    def _start(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(
+            target=self._run, name=f"lci-progress-{next(_thread_ids)}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is None:
+                return
+            self._commands.append((self._stop, ()))
+            os.write(self._wake_w, b"\0")
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _stop(self) -> None:
+        self._stopping = True
+
+    def register(self, device: Device) -> None:
+        assert self._selector is not None
+        self._selector.register(device.fileno(), selectors.EVENT_READ, device)
+
+    def watch_writes(self, device: Device) -> None:
+        assert self._selector is not None
+        try:
+            self._selector.modify(
+                device.fileno(), selectors.EVENT_READ | selectors.EVENT_WRITE, device
+            )
+        except (KeyError, ValueError):
+            pass
+
+    def unregister(self, device: Device) -> None:
+        assert self._selector is not None
+        try:
+            self._selector.unregister(device.fileno())
+        except (KeyError, ValueError):
+            pass
+        device.release()
+
+    def _run(self) -> None:
+        selector = self._selector
+        assert selector is not None
+        wake_r, wake_w = self._wake_r, self._wake_w
+        try:
+            while not self._stopping:
+                for key, mask in selector.select():
+                    device = key.data
+                    if device is None:
+                        self._run_commands()
+                        continue
+                    if mask & selectors.EVENT_READ and not device.on_readable():
+                        self.unregister(device)
+                        continue
+                    if mask & selectors.EVENT_WRITE and device.on_writable():
+                        try:
+                            selector.modify(key.fd, selectors.EVENT_READ, device)
+                        except (KeyError, ValueError):
+                            pass
+                self._completion.flush()
+        except Exception:
+            logger.exception("progress thread failed")
+        finally:
+            for key in list(selector.get_map().values()):
+                if key.data is not None:
+                    self.unregister(key.data)
+            selector.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            self._completion.flush()
+
+    def _run_commands(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._commands:
+            fn, args = self._commands.popleft()
+            fn(*args)

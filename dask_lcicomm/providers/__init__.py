@@ -1,0 +1,1 @@
+"""Fabric providers: one backend per fabric behind the narrow :class:`Device` interface."""
