@@ -93,6 +93,7 @@ class Parcelport:
         self._listeners: set[LCIListener] = set()
         self._hellos: dict[Device, asyncio.Future[dict[str, Any]]] = {}
         self._greeted: set[Device] = set()
+        self.closed = False
 
     # -- lifetime -----------------------------------------------------------
 
@@ -104,8 +105,9 @@ class Parcelport:
         self._maybe_shut_down()
 
     def _maybe_shut_down(self) -> None:
-        if self._devices or self._listeners or self._channels:
+        if self._devices or self._listeners or self._channels or self.closed:
             return
+        self.closed = True
         if self._ports.get(self.loop) is self:
             del self._ports[self.loop]
         self.engine.close()

@@ -232,10 +232,11 @@ class _ProgressThread:
 
     def stop(self) -> None:
         with self._lock:
-            self._closed = True
             thread = self._thread
-            if thread is None:
+            if thread is None or self._closed:
+                self._closed = True
                 return
+            self._closed = True
             self._commands.append((self._stop, ()))
             os.write(self._wake_w, b"\0")
         if thread is not threading.current_thread():

@@ -1,0 +1,280 @@
+"""Code that runs inside the benchmark peer processes (server and client).
+
+Both sides speak only through the public ``distributed.comm`` API, so the very
+same code measures every scheme.  The wire contract with the parent process is
+made of :class:`BenchSpec` (what to measure) and :class:`Measurement` (raw
+count and seconds); turning those into rates happens in the parent, in one
+place (:mod:`benchmarks.comm`).
+
+Messages on the comm all have the shape ``{"op": ..., "x": to_serialize(arr)}``
+written with ``serializers=("dask", "pickle")``, i.e. what Dask itself sends
+for small task payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+from distributed.comm import connect, listen
+from distributed.comm.core import CommClosedError
+from distributed.protocol import to_serialize
+
+from benchmarks._procs import ignore_sigint
+
+SERIALIZERS = ("dask", "pickle")
+
+#: Seconds allowed for establishing one comm (connect + Dask handshake).
+CONNECT_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One benchmark and its budget; sent to the client process.
+
+    Every measurement loop stops at ``max_count`` iterations or after
+    ``duration_s`` seconds, whichever comes first (but runs at least once), so
+    a slow backend yields a small sample instead of a hang.  ``timeout_s`` is
+    the hard limit for the whole benchmark, connecting and warm-up included.
+    """
+
+    name: str
+    kind: str  # key of KERNELS
+    payload_bytes: int
+    duration_s: float
+    max_count: int  # per comm (nchains: per chain)
+    warmup: int  # untimed round trips per comm before measuring
+    timeout_s: float
+    chains: int = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Raw result: ``count`` operations completed in ``seconds`` wall time."""
+
+    count: int
+    seconds: float
+
+
+# --------------------------------------------------------------------- server
+
+
+def server_main(conn: Connection, scheme: str) -> None:
+    """Process entry point: echo/sink server until the parent closes the pipe."""
+    ignore_sigint()
+    try:
+        asyncio.run(_serve(conn, scheme))
+    except Exception:
+        _send_quietly(conn, ("failed", traceback.format_exc()))
+
+
+async def _serve(conn: Connection, scheme: str) -> None:
+    listener = listen(f"{scheme}://127.0.0.1:0", _handle_comm)
+    await listener.start()
+    try:
+        conn.send(("ready", listener.contact_address))
+        await asyncio.to_thread(_wait_for_stop, conn)
+    finally:
+        stopped = listener.stop()
+        if inspect.isawaitable(stopped):
+            await stopped
+
+
+def _wait_for_stop(conn: Connection) -> None:
+    """Block until the parent closes its end (EOF) or sends anything at all."""
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+
+
+async def _handle_comm(comm: Any) -> None:
+    """Serve one comm: echo ``ping``s, count ``flood`` messages.
+
+    ``flood-end`` is answered with the number of ``flood`` messages since the
+    previous ``flood-end``, which lets the client check that none were lost.
+    """
+    flooded = 0
+    try:
+        while True:
+            msg = await comm.read()
+            op = msg["op"]
+            if op == "ping":
+                reply = {"op": "pong", "x": to_serialize(msg["x"])}
+                await comm.write(reply, serializers=SERIALIZERS)
+            elif op == "flood":
+                flooded += 1
+            elif op == "flood-end":
+                await comm.write({"op": "flood-done", "count": flooded})
+                flooded = 0
+            else:
+                raise ValueError(f"unknown op {op!r}")
+    except CommClosedError:
+        pass  # the client is done with this comm
+    finally:
+        await _close(comm)
+
+
+# --------------------------------------------------------------------- client
+
+
+def client_main(conn: Connection) -> None:
+    """Process entry point: run the benchmarks the parent sends, report each.
+
+    Sends ``("result", name, Measurement)`` or ``("failed", name, reason)`` per
+    benchmark, in order.  A failing benchmark does not stop the next one: each
+    uses its own fresh comms.
+    """
+    ignore_sigint()
+    try:
+        address, specs = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent gave up before sending work
+    asyncio.run(_run_specs(conn, address, specs))
+
+
+async def _run_specs(conn: Connection, address: str, specs: list[BenchSpec]) -> None:
+    for spec in specs:
+        try:
+            kernel = KERNELS[spec.kind]
+            measurement = await asyncio.wait_for(kernel(address, spec), spec.timeout_s)
+        except asyncio.TimeoutError:
+            conn.send(("failed", spec.name, f"timed out after {spec.timeout_s:g} s"))
+        except Exception as exc:
+            conn.send(("failed", spec.name, f"{type(exc).__name__}: {exc}"))
+        else:
+            conn.send(("result", spec.name, measurement))
+
+
+def _bounded(max_count: int, deadline: float) -> Iterator[int]:
+    """Yield 0, 1, 2, ... until ``max_count`` or ``deadline`` (at least once)."""
+    for i in range(max_count):
+        if i and perf_counter() >= deadline:
+            return
+        yield i
+
+
+def _payload(nbytes: int) -> np.ndarray:
+    """Zeros for tiny messages (as Dask sends); random bytes for large ones so
+    that a compressing configuration cannot make one scheme look faster."""
+    if nbytes <= 64:
+        return np.zeros(nbytes, dtype="u1")
+    return np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype="u1")
+
+
+def _message(op: str, payload: np.ndarray) -> dict[str, Any]:
+    return {"op": op, "x": to_serialize(payload)}
+
+
+@asynccontextmanager
+async def _connected(address: str) -> AsyncIterator[Any]:
+    comm = await connect(address, timeout=CONNECT_TIMEOUT_S)
+    try:
+        yield comm
+    finally:
+        await _close(comm)
+
+
+async def _close(comm: Any) -> None:
+    """Close ``comm``, ignoring errors: the peer may already be gone."""
+    try:
+        await comm.close()
+    except Exception:
+        comm.abort()
+
+
+async def _ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
+    """Do bounded round trips of ``msg``; return how many completed."""
+    done = 0
+    for _ in _bounded(max_count, deadline):
+        await comm.write(msg, serializers=SERIALIZERS)
+        reply = await comm.read()
+        if reply["op"] != "pong":
+            raise RuntimeError(f"unexpected reply {reply['op']!r}")
+        done += 1
+    return done
+
+
+async def _warm_up(comm: Any, msg: dict[str, Any], rounds: int) -> None:
+    """Untimed round trips, so lazy setup (buffers, registration) is not timed."""
+    if rounds > 0:
+        await _ping(comm, msg, rounds, math.inf)
+
+
+async def _timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measurement:
+    start = perf_counter()
+    count = await _ping(comm, msg, spec.max_count, start + spec.duration_s)
+    return Measurement(count, perf_counter() - start)
+
+
+async def pingpong(address: str, spec: BenchSpec) -> Measurement:
+    """Sequential round trips of one message on one comm (latency-bound for
+    small payloads, bandwidth-bound for large ones)."""
+    msg = _message("ping", _payload(spec.payload_bytes))
+    async with _connected(address) as comm:
+        await _warm_up(comm, msg, spec.warmup)
+        return await _timed_pings(comm, msg, spec)
+
+
+async def flood(address: str, spec: BenchSpec) -> Measurement:
+    """Back-to-back one-way writes; timed from the first write until the
+    server's final acknowledgement, so buffered-but-undelivered messages
+    cannot inflate the rate."""
+    payload = _payload(spec.payload_bytes)
+    async with _connected(address) as comm:
+        await _warm_up(comm, _message("ping", payload), spec.warmup)
+        msg = _message("flood", payload)
+        start = perf_counter()
+        sent = 0
+        for _ in _bounded(spec.max_count, start + spec.duration_s):
+            await comm.write(msg, serializers=SERIALIZERS)
+            sent += 1
+        await comm.write({"op": "flood-end"})
+        reply = await comm.read()
+        seconds = perf_counter() - start
+    if reply.get("count") != sent:
+        raise RuntimeError(f"server received {reply.get('count')} of {sent} messages")
+    return Measurement(sent, seconds)
+
+
+async def nchains(address: str, spec: BenchSpec) -> Measurement:
+    """``spec.chains`` comms doing round trips concurrently: stresses
+    per-comm overhead and the backend's progress engine under fan-in."""
+    msg = _message("ping", _payload(spec.payload_bytes))
+    comms: list[Any] = []
+    try:
+        for _ in range(spec.chains):  # sequential: connect cost is not measured
+            comms.append(await connect(address, timeout=CONNECT_TIMEOUT_S))
+        await asyncio.gather(*(_warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
+        start = perf_counter()
+        deadline = start + spec.duration_s
+        counts = await asyncio.gather(
+            *(_ping(c, msg, spec.max_count, deadline) for c in comms)
+        )
+        return Measurement(sum(counts), perf_counter() - start)
+    finally:
+        await asyncio.gather(*(_close(c) for c in comms))
+
+
+KERNELS: dict[str, Callable[[str, BenchSpec], Awaitable[Measurement]]] = {
+    "pingpong": pingpong,
+    "flood": flood,
+    "nchains": nchains,
+}
+
+
+def _send_quietly(conn: Connection, message: tuple[Any, ...]) -> None:
+    """Report to the parent if it is still listening; it may have given up."""
+    try:
+        conn.send(message)
+    except (BrokenPipeError, EOFError, OSError):
+        pass
