@@ -22,13 +22,15 @@ COMPLETION_MODES = ("queue", "sync")
 PROVIDERS = ("tcp",)
 
 
-def _load_defaults() -> None:
+def _load_defaults() -> dict:
     path = os.path.join(os.path.dirname(__file__), "lci.yaml")
     with open(path) as f:
-        dask.config.update_defaults(yaml.safe_load(f))
+        defaults = yaml.safe_load(f)
+    dask.config.update_defaults(defaults)
+    return defaults["distributed"]["comm"]["lci"]
 
 
-_load_defaults()
+DEFAULTS = _load_defaults()
 
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -64,7 +66,9 @@ class Settings:
     @classmethod
     def from_config(cls) -> Settings:
         """Read and validate the current Dask configuration."""
-        c = dask.config.get(PREFIX)
+        # Merged over the shipped defaults: a configuration snapshot taken
+        # before this package was imported (test harnesses do) lacks them.
+        c = {**DEFAULTS, **dask.config.get(PREFIX, default={})}
 
         def nbytes(key: str) -> int:
             return int(parse_bytes(c[key]) if isinstance(c[key], str) else c[key])

@@ -222,12 +222,21 @@ class ParcelDecoder:
     slice of the destination buffer it belongs in, so bulk bytes are written
     once, by the kernel, where the deserializer will find them.
 
+    With ``require_connect`` (the accepting side of a connection) a parcel is
+    only valid on a virtual connection the peer opened with CONNECT.
+
     After a :class:`ProtocolError` the decoder is unusable: the stream has
     lost its framing and the connection must be closed.
     """
 
-    def __init__(self, limits: Limits = Limits(), buffer_size: int = 256 * 1024) -> None:
+    def __init__(
+        self,
+        limits: Limits = Limits(),
+        buffer_size: int = 256 * 1024,
+        require_connect: bool = False,
+    ) -> None:
         self.limits = limits
+        self.require_connect = require_connect
         self._size = buffer_size
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
@@ -356,7 +365,11 @@ class ParcelDecoder:
         limits = self.limits
         if nframes > limits.max_frames or nframes * 8 > limits.max_eager_bytes:
             raise ProtocolError(f"parcel of {nframes} frames exceeds the limits")
-        expected = self._seq.get(vc, 0)
+        expected = self._seq.get(vc)
+        if expected is None:
+            if self.require_connect:
+                raise ProtocolError(f"parcel on vc {vc}, which was never opened")
+            expected = 0
         if seq != expected or vc in self._assembly:
             raise ProtocolError(f"parcel {seq} on vc {vc} out of order (expected {expected})")
         table_end = HEADER.size + 8 * nframes

@@ -122,6 +122,7 @@ class Parcelport:
             limits=self.limits,
             aggregation=self.settings.aggregation,
             batch_bytes=self.settings.fragment_size,
+            accepting=listener is not None,
         )
         device.index = index
         device.listener = listener

@@ -94,10 +94,11 @@ class Device(ABC):
         limits: Limits,
         aggregation: bool,
         batch_bytes: int,
+        accepting: bool,
     ) -> None:
         self.completion = completion
         self._want_write = want_write
-        self._decoder = ParcelDecoder(limits)
+        self._decoder = ParcelDecoder(limits, require_connect=accepting)
         self._aggregation = aggregation
         self._batch_bytes = batch_bytes
         self._lock = threading.Lock()

@@ -1,0 +1,186 @@
+"""Hostile or broken peers: one connection closes, nothing else notices."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed.comm import CommClosedError, connect, listen
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.parcel import HEADER, MAGIC, VERSION, Kind, encode_connect, encode_hello
+
+HELLO = encode_hello(json.dumps({"pid": 0, "host": "test", "token": "00"}).encode())
+
+
+async def _echo(comm):
+    try:
+        while True:
+            await comm.write(await comm.read())
+    except CommClosedError:
+        pass
+
+
+def _raw_connection(address: str) -> socket.socket:
+    host, port = address.removeprefix("lci://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    return sock
+
+
+async def _closed_by_listener(sock: socket.socket, timeout: float = 5) -> bool:
+    """Whether the listener closes ``sock`` within ``timeout``."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), deadline - time.monotonic())
+        except ConnectionResetError:
+            return True
+        except asyncio.TimeoutError:
+            return False
+        if not data:
+            return True
+    return False
+
+
+def _header(kind: int, vc: int = 0, seq: int = 0, count: int = 0, magic=MAGIC, version=VERSION, flags=0):
+    return HEADER.pack(magic, version, kind, flags, vc, seq, count)
+
+
+BAD_STREAMS = {
+    "garbage": os.urandom(64) + b"\xff" * 64,
+    "bad-magic": _header(Kind.HELLO, magic=b"XXXX"),
+    "bad-version": _header(Kind.HELLO, version=99),
+    "unknown-kind": _header(77),
+    "reserved-flags": _header(Kind.HELLO, flags=1),
+    "parcel-before-hello": _header(Kind.PARCEL, vc=1, count=0),
+    "absurd-frame-count": HELLO + encode_connect(1) + _header(Kind.PARCEL, vc=1, count=2**31),
+    "absurd-frame-size": HELLO
+    + encode_connect(1)
+    + _header(Kind.PARCEL, vc=1, count=1)
+    + struct.pack("<Q", (1 << 63) | (1 << 62)),
+    "absurd-eager-size": HELLO
+    + encode_connect(1)
+    + _header(Kind.PARCEL, vc=1, count=1)
+    + struct.pack("<Q", 1 << 40),
+    "fragment-without-parcel": HELLO + encode_connect(1) + _header(Kind.FRAGMENT, vc=1) + b"\0" * 16,
+    "out-of-sequence": HELLO + encode_connect(1) + _header(Kind.PARCEL, vc=1, seq=5, count=0),
+    "hello-not-json": encode_hello(b"\xff\xfe not json"),
+    "second-hello": HELLO + HELLO,
+    "double-connect": HELLO + encode_connect(1) + encode_connect(1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_STREAMS))
+@gen_test(timeout=30)
+async def test_bad_stream_closes_only_that_connection(name, caplog):
+    async with listen("lci://127.0.0.1:0", _echo) as listener:
+        good = await connect(listener.contact_address)
+        await good.write({"before": name})
+        assert await good.read() == {"before": name}
+
+        bad = _raw_connection(listener.contact_address)
+        try:
+            with caplog.at_level(logging.WARNING, logger="dask_lcicomm"):
+                bad.sendall(BAD_STREAMS[name])
+                assert await _closed_by_listener(bad), f"{name}: connection left open"
+            reasons = [r.getMessage() for r in caplog.records if r.name.startswith("dask_lcicomm")]
+            assert len(reasons) == 1, reasons
+            assert "closing lci connection" in reasons[0] or "protocol error" in reasons[0]
+        finally:
+            bad.close()
+
+        # The listener and the other comm carry on.
+        await good.write({"after": name})
+        assert await good.read() == {"after": name}
+        other = await connect(listener.contact_address)
+        await other.write("new comm")
+        assert await other.read() == "new comm"
+        await other.close()
+        await good.close()
+
+
+@gen_test(timeout=30)
+async def test_truncated_parcel_then_eof_closes_connection(caplog):
+    async with listen("lci://127.0.0.1:0", _echo) as listener:
+        bad = _raw_connection(listener.contact_address)
+        try:
+            with caplog.at_level(logging.INFO, logger="dask_lcicomm"):
+                bad.sendall(HELLO + encode_connect(1) + _header(Kind.PARCEL, vc=1, count=3)[:-2])
+                bad.shutdown(socket.SHUT_WR)
+                assert await _closed_by_listener(bad)
+            assert any("in the middle of a parcel" in r.getMessage() for r in caplog.records)
+        finally:
+            bad.close()
+        comm = await connect(listener.contact_address)
+        await comm.write(1)
+        assert await comm.read() == 1
+        await comm.close()
+
+
+@gen_test(timeout=30)
+async def test_absurd_length_is_not_allocated():
+    """A header claiming 4 TiB is refused before anything is allocated."""
+    import tracemalloc
+
+    async with listen("lci://127.0.0.1:0", _echo) as listener:
+        bad = _raw_connection(listener.contact_address)
+        tracemalloc.start()
+        try:
+            bad.sendall(
+                HELLO
+                + encode_connect(1)
+                + _header(Kind.PARCEL, vc=1, count=1)
+                + struct.pack("<Q", (1 << 63) | (4 << 40))
+            )
+            assert await _closed_by_listener(bad)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            bad.close()
+        assert peak < 64 << 20
+
+
+_VICTIM = """
+import asyncio, sys
+from distributed.comm import connect
+async def main():
+    comm = await connect(sys.argv[1])
+    await comm.write("ready")
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+@gen_test(timeout=60)
+async def test_dead_peer_yields_comm_closed_promptly():
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async with listen("lci://127.0.0.1:0", accepted.put) as listener:
+        proc = subprocess.Popen([sys.executable, "-c", _VICTIM, listener.contact_address])
+        try:
+            comm = await asyncio.wait_for(accepted.get(), 30)
+            assert await asyncio.wait_for(comm.read(), 30) == "ready"
+            reader = asyncio.ensure_future(comm.read())
+            await asyncio.sleep(0.1)
+            os.kill(proc.pid, signal.SIGKILL)
+            start = time.monotonic()
+            with pytest.raises(CommClosedError):
+                await asyncio.wait_for(reader, 10)
+            assert time.monotonic() - start < 5
+            with pytest.raises(CommClosedError):
+                await comm.write("anyone?")
+            await comm.close()
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
