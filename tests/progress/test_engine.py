@@ -1,0 +1,72 @@
+"""The progress engine: every mode moves data, threads block when idle and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import threading
+import time
+
+import pytest
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.parcel import Message, OutgoingParcel
+from dask_lcicomm.progress import ProgressEngine
+from dask_lcicomm.progress.completion import CompletionQueue
+
+
+def _progress_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("lci-progress")]
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread", "poll"])
+@pytest.mark.parametrize("completion", ["queue", "sync"])
+@gen_test(timeout=60)
+async def test_modes_deliver_both_ways(endpoint_pair, mode, completion):
+    with endpoint_pair(mode, completion=completion) as (a, b):
+        for seq in range(20):
+            a.device.put(1, OutgoingParcel(1, seq, [b"ping"], 1024, 4096))
+            b.device.put(1, OutgoingParcel(1, seq, [b"pong"], 1024, 4096))
+        for end in (a, b):
+            await end.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 20)
+
+
+@gen_test(timeout=60)
+async def test_queue_wakes_the_loop_once_per_batch(endpoint_pair):
+    with endpoint_pair("thread", sndbuf=1 << 20) as (a, b):
+        n = 2000
+        for seq in range(n):
+            a.device.put(1, OutgoingParcel(1, seq, [b"x"], 1024, 4096))
+        await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == n)
+        assert isinstance(b.completion, CompletionQueue)
+        assert b.completion.wakeups < n / 4
+
+
+@gen_test(timeout=60)
+async def test_threads_start_with_devices_and_stop_on_close(endpoint_pair):
+    assert not _progress_threads()
+    with endpoint_pair("thread") as (a, b):
+        a.device.put(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
+        await b.wait_for(lambda ev: len(ev) == 1)
+        assert len(_progress_threads()) == 2
+    deadline = time.monotonic() + 5
+    while _progress_threads() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert not _progress_threads()
+
+
+@gen_test(timeout=60)
+async def test_idle_progress_thread_does_not_spin(endpoint_pair):
+    with endpoint_pair("thread") as (a, b):
+        a.device.put(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
+        await b.wait_for(lambda ev: len(ev) == 1)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(1.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 0.1, f"idle progress threads burned {cpu:.3f} s of CPU in 1 s"
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="progress mode"):
+        ProgressEngine(asyncio.new_event_loop(), "busy", None)

@@ -1,0 +1,90 @@
+"""The TCP device: one-sided delivery, interleaving, back-pressure, loss."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.parcel import Message, OutgoingParcel
+from dask_lcicomm.providers.base import DeviceClosed, DeviceLost, SendDone
+
+MODES = ["loop", "thread", "poll"]
+
+
+def _messages(events, vc=None):
+    return [e for e in events if isinstance(e, Message) and (vc is None or e.vc == vc)]
+
+
+def _parcel(vc, seq, frames, eager=1024, fragment=64 * 1024):
+    return OutgoingParcel(vc, seq, frames, eager, fragment)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@gen_test(timeout=60)
+async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode):
+    with endpoint_pair(mode) as (a, b):
+        rng = np.random.default_rng(0)
+        sent = []
+        for seq in range(50):
+            frames = [rng.bytes(int(n)) for n in rng.integers(0, 200_000, size=3)]
+            sent.append(frames)
+            a.device.put(7, _parcel(7, seq, frames))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 50)
+        got = _messages(b.events)
+        assert [m.seq for m in got] == list(range(50))
+        assert [[bytes(f) for f in m.frames] for m in got] == sent
+
+
+@pytest.mark.parametrize("mode", MODES)
+@gen_test(timeout=60)
+async def test_small_parcel_overtakes_large_one_on_another_vc(endpoint_pair, mode):
+    with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
+        big = np.arange(32 << 20, dtype=np.uint8)
+        a.device.put(1, _parcel(1, 0, [big]))
+        a.device.put(2, _parcel(2, 0, [b"small"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 2, timeout=30)
+        order = [m.vc for m in _messages(b.events)]
+        assert order == [2, 1]
+        assert np.array_equal(np.frombuffer(_messages(b.events, 1)[0].frames[0], np.uint8), big)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@gen_test(timeout=60)
+async def test_send_completion_after_back_pressure(endpoint_pair, mode):
+    with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
+        token = asyncio.get_running_loop().create_future()
+        payload = bytes(8 << 20)
+        done = a.device.put(3, _parcel(3, 0, [payload]), token)
+        assert not done, "8 MiB cannot fit a 64 KiB socket buffer at once"
+        assert a.device.queued_bytes >= len(payload)
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1, timeout=30)
+        await a.wait_for(lambda ev: any(isinstance(e, SendDone) for e in ev), timeout=30)
+        assert [e.token for e in a.events if isinstance(e, SendDone)] == [token]
+        assert a.device.queued_bytes == 0
+
+
+@pytest.mark.parametrize("aggregation", [True, False])
+@gen_test(timeout=60)
+async def test_aggregation_batches_queued_parcels(endpoint_pair, aggregation):
+    with endpoint_pair("loop", sndbuf=64 * 1024, aggregation=aggregation) as (a, b):
+        a.device.put(1, _parcel(1, 0, [bytes(4 << 20)]))
+        for seq in range(200):
+            a.device.put(2, _parcel(2, seq, [b"x" * 10]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 201, timeout=30)
+        assert [m.seq for m in _messages(b.events, 2)] == list(range(200))
+
+
+@gen_test(timeout=60)
+async def test_peer_loss_reports_pending_sends(endpoint_pair):
+    with endpoint_pair("loop", sndbuf=64 * 1024) as (a, b):
+        token = asyncio.get_running_loop().create_future()
+        a.device.put(1, _parcel(1, 0, [bytes(16 << 20)]), token)
+        b.engine.remove(b.device)
+        await a.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        lost = next(e for e in a.events if isinstance(e, DeviceLost))
+        assert token in lost.tokens
+        with pytest.raises(DeviceClosed):
+            a.device.put(1, _parcel(1, 1, [b"late"]))
