@@ -45,6 +45,12 @@ def _positive(key: str, value: int) -> int:
     return value
 
 
+def _non_negative(key: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{PREFIX}.{key} must be >= 0, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """A validated snapshot of ``distributed.comm.lci``."""
@@ -86,7 +92,7 @@ class Settings:
             completion=_choice("completion", c["completion"], COMPLETION_MODES),
             ndevices=_positive("ndevices", int(c["ndevices"])),
             providers=providers,
-            eager_threshold=nbytes("eager-threshold"),
+            eager_threshold=_non_negative("eager-threshold", nbytes("eager-threshold")),
             fragment_size=_positive("fragment-size", nbytes("fragment-size")),
             aggregation=bool(c["aggregation"]),
             write_high_water=_positive("write-high-water", nbytes("write-high-water")),

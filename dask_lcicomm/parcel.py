@@ -32,6 +32,7 @@ anything is allocated from it.
 from __future__ import annotations
 
 import struct
+from pickle import PickleBuffer
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -115,12 +116,15 @@ def encode_close(vc: int) -> bytes:
 
 
 def _as_bytes_view(frame: Buffer) -> memoryview:
+    """A flat byte view of ``frame`` in memory order, without copying when possible."""
     view = frame if isinstance(frame, memoryview) else memoryview(frame)
-    if view.ndim == 1 and view.format in ("B", "b", "c") and view.contiguous:
-        return view if view.format == "B" else view.cast("B")
-    if not view.contiguous:
-        return memoryview(bytes(view))
-    return view.cast("B")
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    if not view.nbytes:
+        return memoryview(b"")
+    if view.contiguous:
+        return PickleBuffer(view).raw()
+    return memoryview(view.tobytes())
 
 
 class OutgoingParcel:
@@ -129,6 +133,10 @@ class OutgoingParcel:
     The first unit is the parcel itself (header, sizes and eager frames); then
     one unit per fragment of each bulk frame. A sender interleaves the units of
     different virtual connections but sends those of one parcel in order.
+
+    A frame is eager when it is at most ``eager_threshold`` bytes and the
+    parcel's inline part (size table and eager frames) stays within
+    ``eager_budget``, the receiver's ``max_eager_bytes``; the rest go bulk.
     """
 
     __slots__ = ("vc", "seq", "nbytes", "_bulk", "_fragment", "_head", "_frame", "_offset")
@@ -140,18 +148,23 @@ class OutgoingParcel:
         frames: Sequence[Buffer],
         eager_threshold: int,
         fragment_size: int,
+        eager_budget: int = Limits.max_eager_bytes,
     ) -> None:
+        if fragment_size < 1:
+            raise ValueError(f"fragment_size must be positive, got {fragment_size}")
         views = [_as_bytes_view(f) for f in frames]
         sizes = []
         eager: list[memoryview] = []
         bulk: list[tuple[int, memoryview]] = []
+        budget = eager_budget - 8 * len(views)
         for index, view in enumerate(views):
             n = view.nbytes
-            if n > eager_threshold:
+            if n and (n > eager_threshold or n > budget):
                 sizes.append(n | BULK)
                 bulk.append((index, view))
             else:
                 sizes.append(n)
+                budget -= n
                 if n:
                     eager.append(view)
         header = HEADER.pack(MAGIC, VERSION, Kind.PARCEL, 0, vc, seq, len(views))
@@ -386,8 +399,11 @@ class ParcelDecoder:
             else:
                 eager += size
             total += size
-        if table_end + eager > limits.max_eager_bytes + HEADER.size:
-            raise ProtocolError(f"{eager} eager bytes exceed the limit")
+        if 8 * nframes + eager > limits.max_eager_bytes:
+            raise ProtocolError(
+                f"{8 * nframes} bytes of sizes and {eager} eager bytes exceed the limit"
+                f" of {limits.max_eager_bytes}"
+            )
         if total > limits.max_message_bytes:
             raise ProtocolError(f"message of {total} bytes exceeds the limit")
         used = table_end + eager

@@ -48,6 +48,7 @@ class LCIComm(Comm):
         self._eager_threshold = settings.eager_threshold
         self._fragment_size = settings.fragment_size
         self._high_water = settings.write_high_water
+        self._eager_budget = settings.max_eager_bytes
 
     @property
     def local_address(self) -> str:
@@ -107,7 +108,14 @@ class LCIComm(Comm):
         )
         if self._closed or self._peer_closed is not None:
             raise CommClosedError(f"{self!r}: closed while serializing")
-        parcel = OutgoingParcel(self._vc, self._seq, frames, self._eager_threshold, self._fragment_size)
+        parcel = OutgoingParcel(
+            self._vc,
+            self._seq,
+            frames,
+            self._eager_threshold,
+            self._fragment_size,
+            self._eager_budget,
+        )
         self._seq += 1
         device = self._device
         token = None

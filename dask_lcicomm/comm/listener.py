@@ -27,6 +27,8 @@ class LCIListener(BaseListener):
     Comms reach the handler as virtual connections opened over those devices.
     """
 
+    prefix = SCHEME
+
     def __init__(
         self,
         address: str,
@@ -106,13 +108,13 @@ class LCIListener(BaseListener):
 
     @property
     def listen_address(self) -> str:
-        return SCHEME + unparse_host_port(*self.get_host_port())
+        return self.prefix + unparse_host_port(*self.get_host_port())
 
     @property
     def contact_address(self) -> str:
         host, port = self.get_host_port()
         host = ensure_concrete_host(host, default_host=self.default_host)
-        return SCHEME + unparse_host_port(host, port)
+        return self.prefix + unparse_host_port(host, port)
 
 
 def _bind(ip: str | None, port: int) -> socket.socket:

@@ -1,0 +1,1237 @@
+"""Tests for :mod:`dask_lcicomm.parcel`, the sans-I/O wire codec of ``lci://``.
+
+In the spirit of h11's test-suite: the codec is exercised with plain bytes only,
+through both entry points of the decoder (``feed`` and the BufferedProtocol
+pair ``get_buffer``/``buffer_updated``), with property-based tests for
+
+* round trips of arbitrary messages on interleaved virtual connections, under
+  arbitrary chunkings of the byte stream;
+* truncation (every prefix yields exactly the complete events, and
+  ``check_eof`` accepts exactly the message boundaries);
+* corruption and garbage (only :class:`ProtocolError`, never another
+  exception, never a hang, never an unbounded allocation);
+* limits (a hostile length is refused *before* anything is allocated);
+
+plus one explicit test per protocol rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import struct
+import threading
+import tracemalloc
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dask_lcicomm import parcel
+from dask_lcicomm.parcel import (
+    BULK,
+    FRAGMENT_EXT,
+    HEADER,
+    MAGIC,
+    MAX_HELLO_BYTES,
+    MAX_VC,
+    VERSION,
+    Close,
+    Connect,
+    Hello,
+    Kind,
+    Limits,
+    Message,
+    OutgoingParcel,
+    ParcelDecoder,
+    ProtocolError,
+    encode_close,
+    encode_connect,
+    encode_hello,
+    encode_parcel,
+)
+
+FRAG_HEAD = HEADER.size + FRAGMENT_EXT.size  # 40 bytes before a fragment's payload
+
+# Limits small enough that nothing a fuzzed stream may legally claim is costly.
+SMALL_LIMITS = Limits(max_message_bytes=1 << 20, max_frames=256, max_eager_bytes=1 << 16)
+
+BUFFER_SIZES = [0, 1, 23, 24, 40, 64, 100, 4096, 256 * 1024]
+
+SETTINGS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+# ---------------------------------------------------------------------------
+# Helpers: raw wire pieces
+# ---------------------------------------------------------------------------
+
+
+def hdr(kind, vc=0, seq=0, count=0, *, flags=0, magic=MAGIC, version=VERSION) -> bytes:
+    return HEADER.pack(magic, version, kind, flags, vc, seq, count)
+
+
+def table(*sizes: int) -> bytes:
+    return struct.pack(f"<{len(sizes)}Q", *sizes)
+
+
+def raw_parcel(vc: int, seq: int, sizes: list[int], eager: bytes = b"") -> bytes:
+    return hdr(Kind.PARCEL, vc, seq, len(sizes)) + table(*sizes) + eager
+
+
+def raw_fragment(vc: int, seq: int, index: int, offset: int, data: bytes, nbytes=None) -> bytes:
+    n = len(data) if nbytes is None else nbytes
+    return hdr(Kind.FRAGMENT, vc, seq, index) + FRAGMENT_EXT.pack(offset, n) + data
+
+
+def check_frame(frame) -> None:
+    assert isinstance(frame, memoryview)
+    assert not frame.readonly
+    assert frame.ndim == 1
+    assert frame.format == "B"
+    assert frame.itemsize == 1
+    assert frame.c_contiguous
+
+
+def norm(events) -> list[tuple]:
+    """Events as plain comparable tuples, checking they are well-formed."""
+    out = []
+    for ev in events:
+        if isinstance(ev, Message):
+            assert isinstance(ev.vc, int) and 0 <= ev.vc <= MAX_VC
+            assert isinstance(ev.seq, int) and 0 <= ev.seq < 1 << 64
+            assert isinstance(ev.frames, list)
+            for f in ev.frames:
+                check_frame(f)
+            out.append(("msg", ev.vc, ev.seq, [bytes(f) for f in ev.frames]))
+        elif isinstance(ev, Hello):
+            assert isinstance(ev.payload, bytes) and len(ev.payload) <= MAX_HELLO_BYTES
+            out.append(("hello", ev.payload))
+        elif isinstance(ev, Connect):
+            assert isinstance(ev.vc, int) and 0 <= ev.vc <= MAX_VC
+            out.append(("connect", ev.vc))
+        elif isinstance(ev, Close):
+            assert isinstance(ev.vc, int) and 0 <= ev.vc <= MAX_VC
+            out.append(("close", ev.vc))
+        else:  # pragma: no cover
+            raise AssertionError(f"unexpected event {ev!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Helpers: feeding a decoder
+# ---------------------------------------------------------------------------
+
+
+def decode_one(dec: ParcelDecoder, parcel_bytes: bytes) -> Message:
+    """Open the parcel's vc (if new) and decode the single message in ``parcel_bytes``."""
+    vc = HEADER.unpack_from(parcel_bytes)[4]
+    seq = HEADER.unpack_from(parcel_bytes)[5]
+    events = dec.feed((encode_connect(vc) if seq == 0 else b"") + parcel_bytes)
+    assert isinstance(events[-1], Message)
+    assert events[:-1] == ([Connect(vc)] if seq == 0 else [])
+    return events[-1]
+
+
+def feed_chunks(dec: ParcelDecoder, data: bytes, chunk_sizes: list[int]) -> list:
+    """feed() ``data`` cut into pieces of the (cycled) ``chunk_sizes``."""
+    events = []
+    pos = i = 0
+    while pos < len(data):
+        n = chunk_sizes[i % len(chunk_sizes)]
+        events += dec.feed(data[pos : pos + n])
+        pos += n
+        i += 1
+    return events
+
+
+def feed_buffered(dec: ParcelDecoder, data: bytes, rng: random.Random | None = None, on_buffer=None):
+    """The asyncio.BufferedProtocol loop: receive into get_buffer(), report the count.
+
+    With ``rng``, each "recv" fills a random part of the buffer; otherwise as
+    much as fits. ``on_buffer(pos, buf)`` sees every buffer handed out.
+    Each iteration writes at least one byte, so this cannot loop forever.
+    """
+    events = []
+    pos = 0
+    while pos < len(data):
+        buf = dec.get_buffer()
+        assert isinstance(buf, memoryview)
+        assert not buf.readonly and buf.format == "B" and buf.ndim == 1
+        assert buf.nbytes > 0, "get_buffer() returned an empty buffer: the reader would spin"
+        if on_buffer is not None:
+            on_buffer(pos, buf)
+        n = min(buf.nbytes, len(data) - pos)
+        if rng is not None:
+            n = rng.randint(1, n)
+        buf[:n] = data[pos : pos + n]
+        pos += n
+        events += dec.buffer_updated(n)
+    return events
+
+
+@contextlib.contextmanager
+def no_hang(seconds: float = 20.0):
+    """Fail (rather than hang the suite) if the body takes far too long."""
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:  # pragma: no cover
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise TimeoutError("the decoder appears to hang")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def decode_untrusted(data: bytes, rng: random.Random | None, limits: Limits = SMALL_LIMITS,
+                     buffer_size: int = 1024):
+    """Decode hostile bytes. Returns (events, error); any non-ProtocolError propagates.
+
+    Also checks that the receive buffer stays bounded by what the limits allow.
+    """
+    dec = ParcelDecoder(limits=limits, buffer_size=buffer_size)
+    bound = max(buffer_size, HEADER.size + max(limits.max_eager_bytes, MAX_HELLO_BYTES), FRAG_HEAD)
+
+    def on_buffer(pos, buf):
+        if isinstance(buf.obj, bytearray):  # the decoder's own receive buffer
+            assert buf.nbytes <= bound
+        else:  # a bulk destination
+            assert buf.nbytes <= limits.max_message_bytes
+
+    events: list = []
+    with no_hang():
+        try:
+            # Feed the events one buffer at a time so that those decoded before an
+            # error are kept (buffer_updated raising loses only its own batch).
+            pos = 0
+            while pos < len(data):
+                buf = dec.get_buffer()
+                assert buf.nbytes > 0
+                on_buffer(pos, buf)
+                n = min(buf.nbytes, len(data) - pos)
+                if rng is not None:
+                    n = rng.randint(1, n)
+                buf[:n] = data[pos : pos + n]
+                pos += n
+                events += dec.buffer_updated(n)
+        except ProtocolError as exc:
+            assert str(exc)
+            return norm(events), exc
+    return norm(events), None
+
+
+# ---------------------------------------------------------------------------
+# A simulated sender: several virtual connections, units interleaved
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    data: bytes = b""
+    events: list = field(default_factory=list)  # (offset where complete, normalized event)
+    boundaries: set = field(default_factory=lambda: {0})  # clean places to end the stream
+    header_positions: list = field(default_factory=list)  # header/size-table/extension bytes
+    fragments: list = field(default_factory=list)  # (payload start, end, vc, seq, frame index)
+    max_unit: int = FRAG_HEAD  # the largest unit that is not a fragment
+
+    def expected(self, upto: int | None = None) -> list:
+        return [e for end, e in self.events if upto is None or end <= upto]
+
+
+def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> Stream:
+    """Send ``plan`` = [(vc, [frames, ...]), ...]: CONNECT, parcels, CLOSE per vc.
+
+    The sender takes one unit at a time from one vc, round-robin (or at random
+    with ``rng``); within a vc, parcels are FIFO and each parcel's units go out
+    in order before the next parcel starts.
+    """
+    s = Stream()
+    out = bytearray()
+
+    def unit_done(start):
+        s.max_unit = max(s.max_unit, len(out) - start) if out[start + 5] != Kind.FRAGMENT else s.max_unit
+        if not current:
+            s.boundaries.add(len(out))
+
+    current: dict = {}
+    if hello is not None:
+        start = len(out)
+        out += encode_hello(hello)
+        s.header_positions += range(start, start + HEADER.size)
+        s.events.append((len(out), ("hello", bytes(hello))))
+        unit_done(start)
+
+    jobs = {vc: deque([("connect",), *(("parcel", m) for m in msgs), ("close",)]) for vc, msgs in plan}
+    seqs = {vc: 0 for vc in jobs}
+    turn = 0
+    while jobs:
+        active = list(jobs)
+        vc = rng.choice(active) if rng is not None else active[turn % len(active)]
+        turn += 1
+        start = len(out)
+        if vc not in current:
+            job = jobs[vc].popleft()
+            if job[0] != "parcel":
+                out += encode_connect(vc) if job[0] == "connect" else encode_close(vc)
+                s.header_positions += range(start, start + HEADER.size)
+                s.events.append((len(out), (job[0], vc)))
+                unit_done(start)
+                if not jobs[vc]:
+                    del jobs[vc]
+                continue
+            frames = job[1]
+            current[vc] = (
+                OutgoingParcel(vc, seqs[vc], frames, eager_threshold, fragment_size),
+                seqs[vc],
+                [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in frames],
+            )
+            seqs[vc] += 1
+        p, seq, frames = current[vc]
+        assert not p.done
+        unit = p.next_unit()
+        assert unit, "next_unit() returned nothing before the parcel was done"
+        for b in unit:
+            out += b
+        kind = out[start + 5]
+        if kind == Kind.PARCEL:
+            s.header_positions += range(start, start + HEADER.size + 8 * len(frames))
+        else:
+            assert kind == Kind.FRAGMENT
+            index = struct.unpack_from("<I", out, start + 20)[0]
+            s.header_positions += range(start, start + FRAG_HEAD)
+            s.fragments.append((start + FRAG_HEAD, len(out), vc, seq, index))
+        if p.done:
+            del current[vc]
+            s.events.append((len(out), ("msg", vc, seq, frames)))
+        unit_done(start)
+    s.data = bytes(out)
+    return s
+
+
+WRAPPERS = [
+    lambda b: b,
+    bytearray,
+    memoryview,
+    lambda b: np.frombuffer(b, dtype=np.uint8),
+]
+
+
+@st.composite
+def stream_cases(draw, max_vcs=3, max_msgs=3, max_frames=4, max_thr=40, max_frag=50):
+    """(Stream, eager_threshold, fragment_size) with random contents and interleaving."""
+    thr = draw(st.integers(0, max_thr))
+    frag = draw(st.integers(1, max_frag))
+    vcs = draw(
+        st.lists(
+            st.one_of(st.sampled_from([0, 1, 2, MAX_VC]), st.integers(0, MAX_VC)),
+            min_size=1,
+            max_size=max_vcs,
+            unique=True,
+        )
+    )
+    seed = draw(st.integers(0, 2**32 - 1))
+    content = random.Random(seed)
+    size = st.integers(0, 3 * thr + 4)
+    plan = []
+    for vc in vcs:
+        msgs = []
+        for _ in range(draw(st.integers(0, max_msgs))):
+            sizes = draw(st.lists(size, max_size=max_frames))
+            wrap = draw(st.sampled_from(WRAPPERS))
+            msgs.append([wrap(content.randbytes(n)) for n in sizes])
+        plan.append((vc, msgs))
+    hello = draw(st.none() | st.binary(max_size=40))
+    interleave = draw(st.none() | st.randoms(use_true_random=False))
+    return build_stream(plan, thr, frag, rng=interleave, hello=hello), thr, frag
+
+
+def fixed_stream() -> Stream:
+    """A small stream with every kind of unit, two vcs interleaved."""
+    rng = random.Random(1234)
+    plan = [
+        (1, [[b"", rng.randbytes(3), rng.randbytes(20)], [], [rng.randbytes(9), rng.randbytes(25), b""]]),
+        (7, [[rng.randbytes(30)], [rng.randbytes(1), rng.randbytes(2)]]),
+        (MAX_VC, [[b"xyz"]]),
+    ]
+    return build_stream(plan, eager_threshold=8, fragment_size=10, rng=None, hello=b"hi there")
+
+
+# ---------------------------------------------------------------------------
+# The simulated sender itself
+# ---------------------------------------------------------------------------
+
+
+def test_fixed_stream_shape():
+    s = fixed_stream()
+    kinds = [e[0] for _, e in s.events]
+    assert kinds.count("msg") == 6 and kinds.count("connect") == 3 and kinds.count("close") == 3
+    assert s.fragments, "the fixed stream should contain fragments"
+    # units of different vcs really are interleaved
+    vcs_in_order = [vc for _, _, vc, _, _ in s.fragments]
+    assert vcs_in_order != sorted(vcs_in_order)
+    assert max(s.boundaries) == len(s.data)
+
+
+# ---------------------------------------------------------------------------
+# Round trips
+# ---------------------------------------------------------------------------
+
+
+def test_empty_stream():
+    dec = ParcelDecoder()
+    assert dec.idle
+    dec.check_eof()
+    assert dec.feed(b"") == []
+    assert dec.idle
+
+
+def test_simple_roundtrip():
+    data = (
+        encode_hello(b"hello")
+        + encode_connect(5)
+        + encode_parcel(5, 0, [b"abc", b"", b"x" * 100], eager_threshold=10, fragment_size=33)
+        + encode_parcel(5, 1, [], eager_threshold=10, fragment_size=33)
+        + encode_close(5)
+    )
+    dec = ParcelDecoder()
+    events = dec.feed(data)
+    assert events[:2] == [Hello(b"hello"), Connect(5)]
+    assert events[-1] == Close(5)
+    assert norm(events[2:4]) == [("msg", 5, 0, [b"abc", b"", b"x" * 100]), ("msg", 5, 1, [])]
+    assert dec.idle
+    dec.check_eof()
+
+
+@pytest.mark.parametrize("payload", [b"", b"\x00", bytes(range(256)), b"p" * MAX_HELLO_BYTES])
+def test_hello_roundtrip(payload):
+    dec = ParcelDecoder(buffer_size=64)
+    assert dec.feed(encode_hello(payload)) == [Hello(payload)]
+    assert dec.idle
+
+
+def test_encode_hello_too_large():
+    with pytest.raises(ValueError, match="too large"):
+        encode_hello(b"p" * (MAX_HELLO_BYTES + 1))
+
+
+@pytest.mark.parametrize("vc", [0, 1, 12345, MAX_VC])
+def test_extreme_vcs_roundtrip(vc):
+    data = encode_connect(vc) + encode_parcel(vc, 0, [b"a" * 50], 4, 7) + encode_close(vc)
+    assert norm(ParcelDecoder().feed(data)) == [("connect", vc), ("msg", vc, 0, [b"a" * 50]), ("close", vc)]
+
+
+@settings(SETTINGS, max_examples=100)
+@given(
+    case=stream_cases(),
+    chunks=st.lists(st.integers(1, 97), min_size=1, max_size=8),
+    buffer_size=st.sampled_from(BUFFER_SIZES),
+)
+def test_roundtrip_any_chunking(case, chunks, buffer_size):
+    s, _, _ = case
+    expected = s.expected()
+    # whole stream at once
+    dec = ParcelDecoder(buffer_size=buffer_size)
+    assert norm(dec.feed(s.data)) == expected
+    assert dec.idle
+    dec.check_eof()
+    # arbitrary chunking
+    dec = ParcelDecoder(buffer_size=buffer_size)
+    assert norm(feed_chunks(dec, s.data, chunks)) == expected
+    assert dec.idle
+    dec.check_eof()
+    # one byte at a time (small cases)
+    if len(s.data) <= 4000:
+        dec = ParcelDecoder(buffer_size=buffer_size)
+        assert norm(feed_chunks(dec, s.data, [1])) == expected
+        assert dec.idle
+        dec.check_eof()
+
+
+@settings(SETTINGS, max_examples=100)
+@given(case=stream_cases(), rng=st.randoms(use_true_random=False), buffer_size=st.sampled_from(BUFFER_SIZES),
+       partial=st.booleans())
+def test_roundtrip_buffered_protocol(case, rng, buffer_size, partial):
+    """get_buffer()/buffer_updated(); bulk payloads go straight to their frames."""
+    s, _, _ = case
+    payload_at = {}
+    for start, end, vc, seq, index in s.fragments:
+        for p in range(start, end):
+            payload_at[p] = (end, vc, seq, index)
+    direct_targets: dict = {}  # (vc, seq, frame index) -> ids of the buffers handed out
+    direct_objs: dict = {}  # keeps those buffers alive, so that their ids stay unique
+    bound = max(buffer_size, s.max_unit)
+    dec = ParcelDecoder(buffer_size=buffer_size)
+
+    def on_buffer(pos, buf):
+        if pos in payload_at:
+            end, vc, seq, index = payload_at[pos]
+            # during a fragment payload: exactly the remaining bytes of the fragment,
+            # inside the destination frame (not the receive buffer)
+            assert buf.nbytes == end - pos
+            assert isinstance(buf.obj, np.ndarray)
+            direct_targets.setdefault((vc, seq, index), set()).add(id(buf.obj))
+            direct_objs[id(buf.obj)] = buf.obj
+        else:
+            assert isinstance(buf.obj, bytearray)
+            # fragments never make the receive buffer grow beyond its size
+            assert buf.nbytes <= bound
+
+    events = feed_buffered(dec, s.data, rng if partial else None, on_buffer)
+    assert norm(events) == s.expected()
+    assert dec.idle
+    dec.check_eof()
+    # the bytes written into the direct buffers are the very frames delivered
+    for ev in events:
+        if isinstance(ev, Message):
+            for index, frame in enumerate(ev.frames):
+                objs = direct_targets.get((ev.vc, ev.seq, index))
+                if objs:
+                    assert objs == {id(frame.obj)}
+
+
+def test_bulk_frames_bypass_receive_buffer():
+    """A big bulk frame is written in place; the receive buffer never grows."""
+    rng = random.Random(7)
+    big = rng.randbytes(3 * 1024 * 1024 + 17)
+    small = b"small"
+    buffer_size = 4096
+    data = encode_connect(3) + encode_parcel(3, 0, [small, big, small], 64, 256 * 1024) + encode_close(3)
+    dec = ParcelDecoder(buffer_size=buffer_size)
+    into_receive_buffer = 0
+    into_frames = 0
+    pos = 0
+    events = []
+    while pos < len(data):
+        buf = dec.get_buffer()
+        n = min(buf.nbytes, len(data) - pos)
+        if isinstance(buf.obj, bytearray):
+            assert buf.nbytes <= buffer_size
+            into_receive_buffer += n
+        else:
+            into_frames += n
+        buf[:n] = data[pos : pos + n]
+        pos += n
+        events += dec.buffer_updated(n)
+    assert norm(events) == [("connect", 3), ("msg", 3, 0, [small, big, small]), ("close", 3)]
+    # all but (at most) one receive-buffer's worth per fragment went straight in place
+    nfragments = -(-len(big) // (256 * 1024))
+    assert into_frames >= len(big) - nfragments * buffer_size
+    assert into_receive_buffer + into_frames == len(data)
+    frame = events[1].frames[1]
+    check_frame(frame)
+    assert isinstance(frame.obj, np.ndarray)
+
+
+def test_get_buffer_during_fragment_is_the_rest_of_the_fragment():
+    frame = bytes(range(256)) * 4
+    data = encode_connect(1) + encode_parcel(1, 0, [frame], 16, 300)
+    head_end = len(encode_connect(1)) + HEADER.size + 8
+    dec = ParcelDecoder(buffer_size=4096)
+    # connect + parcel head + the first fragment's header, and 5 payload bytes
+    assert dec.feed(data[: head_end + FRAG_HEAD + 5]) == [Connect(1)]
+    buf = dec.get_buffer()
+    assert buf.nbytes == 300 - 5
+    assert isinstance(buf.obj, np.ndarray)
+    assert not dec.idle
+    # the same view until written to
+    assert dec.get_buffer().nbytes == 300 - 5
+    buf[:10] = data[head_end + FRAG_HEAD + 5 : head_end + FRAG_HEAD + 15]
+    assert dec.buffer_updated(10) == []
+    assert dec.get_buffer().nbytes == 300 - 15
+    # exactly at a fragment header end: the whole payload is handed out
+    rest = dec.feed(data[head_end + FRAG_HEAD + 15 : head_end + 2 * FRAG_HEAD + 300])
+    assert rest == []
+    assert dec.get_buffer().nbytes == 300
+    events = dec.feed(data[head_end + 2 * FRAG_HEAD + 300 :])
+    assert norm(events) == [("msg", 1, 0, [frame])]
+    assert dec.idle
+
+
+def test_buffer_updated_zero_is_harmless():
+    data = encode_connect(1) + encode_parcel(1, 0, [b"q" * 40], 8, 16)
+    dec = ParcelDecoder(buffer_size=64)
+    events = []
+    for i in range(len(data)):
+        buf = dec.get_buffer()
+        assert dec.buffer_updated(0) == []
+        buf = dec.get_buffer()
+        buf[:1] = data[i : i + 1]
+        events += dec.buffer_updated(1)
+        assert dec.buffer_updated(0) == []
+    assert norm(events) == [("connect", 1), ("msg", 1, 0, [b"q" * 40])]
+    assert dec.idle
+
+
+def test_receive_buffer_grows_for_large_eager_parcel_then_shrinks():
+    frame = b"e" * 100_000
+    dec = ParcelDecoder(buffer_size=1024)
+    assert dec.get_buffer().nbytes <= 1024
+    events = dec.feed(encode_connect(1) + encode_parcel(1, 0, [frame], 1 << 20, 1 << 20))
+    assert norm(events) == [("connect", 1), ("msg", 1, 0, [frame])]
+    assert dec.idle
+    assert dec.get_buffer().nbytes <= 1024
+
+
+def test_feed_accepts_any_buffer_type():
+    data = encode_connect(2) + encode_parcel(2, 0, [b"abc" * 10], 4, 8)
+    expected = [("connect", 2), ("msg", 2, 0, [b"abc" * 10])]
+    for wrap in (bytes, bytearray, memoryview, lambda b: np.frombuffer(b, dtype=np.uint8)):
+        assert norm(ParcelDecoder().feed(wrap(data))) == expected
+
+
+# ---------------------------------------------------------------------------
+# Sequence numbers and connection lifecycle
+# ---------------------------------------------------------------------------
+
+
+def test_seq_numbers_per_vc_and_reset_on_reconnect():
+    data = (
+        encode_connect(1)
+        + encode_connect(2)
+        + encode_parcel(1, 0, [b"a"], 8, 8)
+        + encode_parcel(2, 0, [b"b"], 8, 8)
+        + encode_parcel(1, 1, [b"c"], 8, 8)
+        + encode_close(1)
+        + encode_connect(1)
+        + encode_parcel(1, 0, [b"d"], 8, 8)
+    )
+    events = norm(ParcelDecoder().feed(data))
+    msgs = [e for e in events if e[0] == "msg"]
+    assert msgs == [
+        ("msg", 1, 0, [b"a"]),
+        ("msg", 2, 0, [b"b"]),
+        ("msg", 1, 1, [b"c"]),
+        ("msg", 1, 0, [b"d"]),
+    ]
+
+
+def test_small_message_overtakes_large_one_on_other_vc():
+    big = b"B" * 1000
+    p1 = OutgoingParcel(1, 0, [big], 16, 100)
+    out = encode_connect(1) + encode_connect(2)
+    out += b"".join(bytes(b) for b in p1.next_unit())  # head of the big one
+    out += b"".join(bytes(b) for b in p1.next_unit())  # one fragment
+    out += encode_parcel(2, 0, [b"tiny"], 16, 100)
+    dec = ParcelDecoder()
+    assert norm(dec.feed(out)) == [("connect", 1), ("connect", 2), ("msg", 2, 0, [b"tiny"])]
+    assert not dec.idle
+    with pytest.raises(ProtocolError):
+        dec.check_eof()
+    rest = bytearray()
+    while not p1.done:
+        for b in p1.next_unit():
+            rest += b
+    assert norm(dec.feed(rest)) == [("msg", 1, 0, [big])]
+    assert dec.idle
+
+
+# ---------------------------------------------------------------------------
+# Truncation
+# ---------------------------------------------------------------------------
+
+
+def test_every_prefix_of_fixed_stream_byte_by_byte():
+    s = fixed_stream()
+    dec = ParcelDecoder(buffer_size=32)
+    events = []
+    for pos in range(len(s.data) + 1):
+        assert norm(events) == s.expected(pos), pos
+        if pos in s.boundaries:
+            assert dec.idle, pos
+            dec.check_eof()
+        else:
+            assert not dec.idle, pos
+            with pytest.raises(ProtocolError, match="middle of a parcel"):
+                dec.check_eof()
+        if pos < len(s.data):
+            events += dec.feed(s.data[pos : pos + 1])
+
+
+def test_every_prefix_of_fixed_stream_fresh_decoder():
+    s = fixed_stream()
+    for k in range(len(s.data) + 1):
+        dec = ParcelDecoder(buffer_size=100)
+        assert norm(dec.feed(s.data[:k])) == s.expected(k), k
+        assert dec.idle == (k in s.boundaries), k
+        if k not in s.boundaries:
+            with pytest.raises(ProtocolError):
+                dec.check_eof()
+
+
+@settings(SETTINGS, max_examples=100)
+@given(case=stream_cases(), data=st.data(), buffer_size=st.sampled_from(BUFFER_SIZES))
+def test_truncated_stream(case, data, buffer_size):
+    s, _, _ = case
+    near = sorted({b + d for b in s.boundaries for d in (-1, 0, 1) if 0 <= b + d <= len(s.data)})
+    k = data.draw(st.one_of(st.integers(0, len(s.data)), st.sampled_from(near)), label="prefix")
+    rng = data.draw(st.randoms(use_true_random=False), label="chunking")
+    dec = ParcelDecoder(buffer_size=buffer_size)
+    events = feed_buffered(dec, s.data[:k], rng)
+    assert norm(events) == s.expected(k)
+    if k in s.boundaries:
+        assert dec.idle
+        dec.check_eof()
+    else:
+        assert not dec.idle
+        with pytest.raises(ProtocolError, match="middle of a parcel"):
+            dec.check_eof()
+    # a truncation is only a pause: the rest of the stream completes it
+    events += feed_buffered(dec, s.data[k:], rng)
+    assert norm(events) == s.expected()
+    assert dec.idle
+
+
+# ---------------------------------------------------------------------------
+# Corruption and garbage
+# ---------------------------------------------------------------------------
+
+
+@settings(SETTINGS, max_examples=200)
+@given(
+    case=stream_cases(max_vcs=2, max_msgs=2, max_frames=3, max_thr=16, max_frag=20),
+    data=st.data(),
+)
+def test_single_byte_corruption(case, data):
+    s, _, _ = case
+    in_header = data.draw(st.booleans(), label="in header")
+    headers = set(s.header_positions)
+    payload = [p for p in range(len(s.data)) if p not in headers]
+    if in_header or not payload:
+        pos = data.draw(st.sampled_from(s.header_positions), label="pos")
+    else:
+        pos = data.draw(st.sampled_from(payload), label="pos")
+    value = data.draw(st.integers(0, 255).filter(lambda v: v != s.data[pos]), label="value")
+    corrupted = bytearray(s.data)
+    corrupted[pos] = value
+    rng = data.draw(st.none() | st.randoms(use_true_random=False), label="chunking")
+    events, error = decode_untrusted(bytes(corrupted), rng)
+    if pos not in s.header_positions:
+        # payload bytes are never interpreted: same events, one byte different
+        assert error is None
+        expected = s.expected()
+        assert [shape(e) for e in events] == [shape(e) for e in expected]
+        assert events != expected
+
+
+def shape(event: tuple) -> tuple:
+    """An event without its payload bytes (only their lengths)."""
+    if event[0] == "msg":
+        return event[:3] + (tuple(len(f) for f in event[3]),)
+    if event[0] == "hello":
+        return ("hello", len(event[1]))
+    return event
+
+
+def test_every_header_byte_corruption_of_fixed_stream():
+    s = fixed_stream()
+    errors = 0
+    for pos in s.header_positions:
+        old = s.data[pos]
+        for value in {0, 1, 2, 3, 4, 5, 6, 0x7F, 0x80, 0xFF, old ^ 1, old ^ 0x80, (old + 1) % 256}:
+            if value == old:
+                continue
+            corrupted = bytearray(s.data)
+            corrupted[pos] = value
+            events, error = decode_untrusted(bytes(corrupted), None)
+            errors += error is not None
+    assert errors > 0
+
+
+@settings(SETTINGS, max_examples=100)
+@given(garbage=st.binary(max_size=600), rng=st.none() | st.randoms(use_true_random=False))
+def test_random_garbage(garbage, rng):
+    events, error = decode_untrusted(garbage, rng)
+    if error is None:
+        # almost surely just waiting for more data
+        assert events == [] or garbage.startswith(MAGIC)
+
+
+@st.composite
+def plausible_units(draw):
+    kind = draw(st.sampled_from([0, 6, 255, *Kind]))
+    flags = draw(st.sampled_from([0, 0, 0, 1, 0x8000]))
+    vc = draw(st.sampled_from([0, 1, MAX_VC]) | st.integers(0, MAX_VC))
+    seq = draw(st.sampled_from([0, 0, 1, 2**64 - 1]) | st.integers(0, 2**64 - 1))
+    count = draw(st.sampled_from([0, 1, 2, 3, 255, 256, 257, 2**32 - 1]) | st.integers(0, 2**32 - 1))
+    unit = hdr(kind, vc, seq, count, flags=flags)
+    if kind == Kind.PARCEL and count <= 8:
+        sizes = draw(
+            st.lists(
+                st.sampled_from([0, 1, 5, BULK, BULK | 1, BULK | 100, 2**60, BULK | 2**60, 2**64 - 1])
+                | st.integers(0, 2**64 - 1),
+                min_size=count,
+                max_size=count,
+            )
+        )
+        unit += table(*sizes)
+    elif kind == Kind.FRAGMENT:
+        unit += FRAGMENT_EXT.pack(
+            draw(st.sampled_from([0, 1, 2**64 - 1]) | st.integers(0, 2**64 - 1)),
+            draw(st.sampled_from([0, 1, 5, 2**63]) | st.integers(0, 2**64 - 1)),
+        )
+    return unit + draw(st.binary(max_size=64))
+
+
+@settings(SETTINGS, max_examples=150)
+@given(
+    prefix=st.sampled_from([b"", encode_connect(1), encode_connect(1) + raw_parcel(1, 0, [BULK | 10])]),
+    units=st.lists(plausible_units(), min_size=1, max_size=4),
+    rng=st.none() | st.randoms(use_true_random=False),
+)
+def test_plausible_headers_with_random_fields(prefix, units, rng):
+    """Valid magic and version, every other field arbitrary."""
+    decode_untrusted(prefix + b"".join(units), rng)
+
+
+# ---------------------------------------------------------------------------
+# Limits: refuse before allocating
+# ---------------------------------------------------------------------------
+
+
+class AllocationSpy:
+    """Stands in for the ``np`` and ``bytearray`` the parcel module uses."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def empty(self, n, dtype=None):
+        self.sizes.append(int(n))
+        return np.empty(n, dtype=dtype)
+
+    def bytearray(self, *args):
+        if args and isinstance(args[0], int):
+            self.sizes.append(args[0])
+        return bytearray(*args)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+@pytest.fixture
+def alloc_spy(monkeypatch):
+    spy = AllocationSpy()
+    monkeypatch.setattr(parcel, "np", spy)
+    monkeypatch.setattr(parcel, "bytearray", spy.bytearray, raising=False)
+    return spy
+
+
+def assert_refused_cheaply(data: bytes, match: str, limits: Limits, spy: AllocationSpy,
+                           buffer_size: int = 1024):
+    """Feeding ``data`` (which ends where the lie becomes visible) raises at once,
+    with no large allocation."""
+    dec = ParcelDecoder(limits=limits, buffer_size=buffer_size)
+    spy.sizes.clear()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        with pytest.raises(ProtocolError, match=match):
+            dec.feed(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, f"peak traced allocation {peak} bytes"
+    assert all(n <= max(buffer_size, len(data), 4096) for n in spy.sizes), spy.sizes
+    assert len(dec._buf) <= max(buffer_size, len(data))
+
+
+HUGE_CLAIMS = [
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [2**60]), "eager bytes exceed", id="eager-2**60"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [BULK | 2**60]), "exceeds the limit", id="bulk-2**60"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [BULK | (2**63 - 1)]), "exceeds the limit", id="bulk-max"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [2**64 - 1]), "exceed", id="eager-u64-max"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [BULK | 2**62] * 4), "exceeds the limit", id="bulk-sum"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [2**62] * 4 + [BULK | 1]), "eager bytes exceed", id="eager-sum"
+    ),
+    pytest.param(
+        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**32 - 1), "frames exceeds the limits", id="frames-u32-max"
+    ),
+    pytest.param(
+        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**20 + 1), "frames exceeds the limits", id="frames-default+1"
+    ),
+    pytest.param(hdr(Kind.HELLO, 0, 0, 2**32 - 1), "malformed hello", id="hello-u32-max"),
+    pytest.param(hdr(Kind.HELLO, 0, 0, MAX_HELLO_BYTES + 1), "malformed hello", id="hello-max+1"),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [BULK | 10]) + raw_fragment(1, 0, 0, 0, b"", nbytes=2**60),
+        "does not continue",
+        id="fragment-2**60",
+    ),
+    pytest.param(
+        encode_connect(1)
+        + raw_parcel(1, 0, [BULK | 10])
+        + raw_fragment(1, 0, 0, 2**63, b"", nbytes=2**63),
+        "does not continue",
+        id="fragment-offset-2**63",
+    ),
+]
+
+
+@pytest.mark.parametrize("data, match", HUGE_CLAIMS)
+def test_huge_claims_refused_with_default_limits(data, match, alloc_spy):
+    assert_refused_cheaply(data, match, Limits(), alloc_spy)
+
+
+@pytest.mark.parametrize("data, match", HUGE_CLAIMS)
+def test_huge_claims_refused_with_small_limits(data, match, alloc_spy):
+    assert_refused_cheaply(data, match, SMALL_LIMITS, alloc_spy)
+
+
+LIMITS = Limits(max_message_bytes=1000, max_frames=10, max_eager_bytes=200)
+
+
+def test_max_frames_plus_one_refused_at_the_header(alloc_spy):
+    # only the 24-byte header: the (80 + 8)-byte size table never has to arrive
+    data = encode_connect(1) + hdr(Kind.PARCEL, 1, 0, LIMITS.max_frames + 1)
+    assert_refused_cheaply(data, "11 frames exceeds the limits", LIMITS, alloc_spy)
+
+
+def test_max_frames_accepted():
+    data = encode_connect(1) + encode_parcel(1, 0, [b"x"] * LIMITS.max_frames, 100, 100)
+    events = ParcelDecoder(limits=LIMITS).feed(data)
+    assert norm(events)[1] == ("msg", 1, 0, [b"x"] * 10)
+
+
+def test_size_table_counts_towards_eager_limit(alloc_spy):
+    limits = Limits(max_message_bytes=10**6, max_frames=10**6, max_eager_bytes=80)
+    ok = encode_connect(1) + encode_parcel(1, 0, [b""] * 10, 100, 100)
+    assert norm(ParcelDecoder(limits=limits).feed(ok))[1] == ("msg", 1, 0, [b""] * 10)
+    # 11 frames need an 88-byte size table: refused from the header alone
+    data = encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 11)
+    assert_refused_cheaply(data, "exceeds the limits", limits, alloc_spy)
+
+
+def test_eager_limit_boundary(alloc_spy):
+    # the size table and the eager frames together may take max_eager_bytes
+    budget = LIMITS.max_eager_bytes - 8 * 2
+    frames = [b"a" * (budget - 50), b"b" * 50]
+    ok = encode_connect(1) + encode_parcel(1, 0, frames, 1000, 1000)
+    assert norm(ParcelDecoder(limits=LIMITS).feed(ok))[1] == ("msg", 1, 0, frames)
+    # one byte more is refused as soon as the size table is in, before the body
+    data = encode_connect(1) + raw_parcel(1, 0, [budget - 50, 51])
+    assert_refused_cheaply(data, f"{budget + 1} eager bytes exceed the limit", LIMITS, alloc_spy)
+
+
+def test_message_limit_boundary(alloc_spy):
+    frames = [b"e" * 100, b"B" * 900]
+    ok = encode_connect(1) + encode_parcel(1, 0, frames, 100, 300)
+    assert norm(ParcelDecoder(limits=LIMITS).feed(ok))[1] == ("msg", 1, 0, frames)
+    data = encode_connect(1) + raw_parcel(1, 0, [100, BULK | 901])
+    assert_refused_cheaply(data, "message of 1001 bytes exceeds the limit", LIMITS, alloc_spy)
+
+
+def test_eager_claim_within_limits_does_not_allocate_before_data(alloc_spy):
+    """A legal but big eager claim grows the buffer only as far as the limit allows."""
+    limits = Limits(max_message_bytes=1 << 20, max_frames=16, max_eager_bytes=1 << 16)
+    dec = ParcelDecoder(limits=limits, buffer_size=1024)
+    assert dec.feed(encode_connect(1) + raw_parcel(1, 0, [60_000])) == [Connect(1)]
+    assert dec.get_buffer().nbytes == 60_000  # room for exactly the announced eager bytes
+    assert max(alloc_spy.sizes) == HEADER.size + 8 + 60_000
+    assert not dec.idle
+
+
+# ---------------------------------------------------------------------------
+# Protocol rules, one by one
+# ---------------------------------------------------------------------------
+
+C1 = encode_connect(1)
+P_BULK2 = raw_parcel(1, 0, [3, BULK | 10, BULK | 4], b"abc")  # frames 1 and 2 are bulk
+
+RULES = [
+    # (id, valid prefix, offending bytes, error message pattern)
+    ("parcel-seq-skipped", C1, raw_parcel(1, 1, [1], b"x"), r"parcel 1 on vc 1 out of order \(expected 0\)"),
+    ("parcel-seq-repeated", C1 + raw_parcel(1, 0, [1], b"x"), raw_parcel(1, 0, [1], b"x"),
+     r"parcel 0 on vc 1 out of order \(expected 1\)"),
+    ("parcel-while-incomplete", C1 + P_BULK2, raw_parcel(1, 1, [1], b"x"), r"out of order"),
+    ("fragment-unknown-vc", C1, raw_fragment(1, 0, 0, 0, b"abc"), r"fragment for unknown parcel 0 on vc 1"),
+    ("fragment-after-complete", C1 + raw_parcel(1, 0, [1], b"x"), raw_fragment(1, 0, 0, 0, b"abc"),
+     r"fragment for unknown parcel"),
+    ("fragment-wrong-seq", C1 + P_BULK2, raw_fragment(1, 1, 1, 0, b"a" * 10), r"fragment for unknown parcel 1"),
+    ("fragment-wrong-vc", C1 + encode_connect(2) + P_BULK2, raw_fragment(2, 0, 1, 0, b"a" * 10),
+     r"unknown parcel 0 on vc 2"),
+    ("fragment-eager-index", C1 + P_BULK2, raw_fragment(1, 0, 0, 0, b"a" * 3), r"fragment 0@0\+3 does not continue"),
+    ("fragment-index-ahead", C1 + P_BULK2, raw_fragment(1, 0, 2, 0, b"a" * 4), r"does not continue parcel 0 on vc 1"),
+    ("fragment-index-out-of-range", C1 + P_BULK2, raw_fragment(1, 0, 99, 0, b"a"), r"does not continue"),
+    ("fragment-offset-ahead", C1 + P_BULK2, raw_fragment(1, 0, 1, 5, b"a" * 5), r"fragment 1@5\+5 does not continue"),
+    ("fragment-offset-repeated", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
+     raw_fragment(1, 0, 1, 0, b"a" * 5), r"does not continue"),
+    ("fragment-offset-behind", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
+     raw_fragment(1, 0, 1, 4, b"a" * 6), r"does not continue"),
+    ("fragment-empty", C1 + P_BULK2, raw_fragment(1, 0, 1, 0, b""), r"fragment 1@0\+0 does not continue"),
+    ("fragment-overruns-frame", C1 + P_BULK2, raw_fragment(1, 0, 1, 0, b"a" * 11), r"does not continue"),
+    ("fragment-next-frame-early", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
+     raw_fragment(1, 0, 2, 0, b"a" * 4), r"does not continue"),
+    ("connect-twice", C1, encode_connect(1), r"CONNECT for open vc 1"),
+    ("connect-while-incomplete", C1 + P_BULK2, encode_connect(1), r"CONNECT on vc 1 while a parcel is incomplete"),
+    ("close-while-incomplete", C1 + P_BULK2, encode_close(1), r"CLOSE on vc 1 while a parcel is incomplete"),
+    ("close-while-incomplete-midway", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 10), encode_close(1),
+     r"CLOSE on vc 1 while a parcel is incomplete"),
+    ("flags-connect", b"", hdr(Kind.CONNECT, 1, flags=1), r"reserved flags set: 0x1"),
+    ("flags-hello", b"", hdr(Kind.HELLO, flags=0x8000), r"reserved flags set: 0x8000"),
+    ("flags-parcel", C1, hdr(Kind.PARCEL, 1, 0, 1, flags=2) + table(1) + b"x", r"reserved flags"),
+    ("flags-fragment", C1 + P_BULK2, hdr(Kind.FRAGMENT, 1, 0, 1, flags=4), r"reserved flags"),
+    ("flags-close", C1, hdr(Kind.CLOSE, 1, flags=0xFFFF), r"reserved flags"),
+    ("bad-magic", b"", hdr(Kind.CONNECT, 1, magic=b"HTTP"), r"bad magic b'HTTP'"),
+    ("bad-magic-later", C1, hdr(Kind.CONNECT, 2, magic=b"LCIQ"), r"bad magic"),
+    ("bad-magic-http", b"", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", r"bad magic b'GET '"),
+    ("version-0", b"", hdr(Kind.CONNECT, 1, version=0), r"unsupported protocol version 0"),
+    ("version-2", b"", hdr(Kind.CONNECT, 1, version=2), r"unsupported protocol version 2"),
+    ("version-255", C1, hdr(Kind.CONNECT, 1, version=255), r"unsupported protocol version 255"),
+    ("kind-0", b"", hdr(0, 1), r"unknown parcel kind 0"),
+    ("kind-6", b"", hdr(6, 1), r"unknown parcel kind 6"),
+    ("kind-255", C1, hdr(255, 1), r"unknown parcel kind 255"),
+    ("hello-too-large", b"", hdr(Kind.HELLO, 0, 0, MAX_HELLO_BYTES + 1), r"malformed hello of 65537 bytes"),
+    ("hello-with-vc", b"", hdr(Kind.HELLO, 1, 0, 0), r"malformed hello"),
+    ("hello-with-seq", b"", hdr(Kind.HELLO, 0, 1, 0), r"malformed hello"),
+    ("connect-with-count", b"", hdr(Kind.CONNECT, 1, 0, 1), r"malformed CONNECT for vc 1"),
+    ("connect-with-seq", b"", hdr(Kind.CONNECT, 1, 1, 0), r"malformed CONNECT"),
+    ("close-with-count", C1, hdr(Kind.CLOSE, 1, 0, 4), r"malformed CLOSE for vc 1"),
+    ("close-with-seq", C1, hdr(Kind.CLOSE, 1, 9, 0), r"malformed CLOSE"),
+    ("empty-bulk-frame", C1, raw_parcel(1, 0, [5, BULK | 0], b"abcde"), r"empty bulk frame"),
+    ("empty-bulk-frame-only", C1, raw_parcel(1, 0, [BULK]), r"empty bulk frame"),
+]
+
+
+@pytest.mark.parametrize("prefix, bad, match", [pytest.param(*r[1:], id=r[0]) for r in RULES])
+def test_protocol_rule(prefix, bad, match):
+    # the valid prefix decodes fine, whole or byte by byte
+    ParcelDecoder().feed(prefix)
+    # the violation raises, whole ...
+    dec = ParcelDecoder()
+    with pytest.raises(ProtocolError, match=match):
+        dec.feed(prefix + bad)
+    # ... and byte by byte, no later than the end of the offending unit
+    dec = ParcelDecoder(buffer_size=16)
+    dec.feed(prefix)
+    with pytest.raises(ProtocolError, match=match):
+        for i in range(len(bad)):
+            dec.feed(bad[i : i + 1])
+    # and through the BufferedProtocol interface with a small buffer
+    dec = ParcelDecoder(buffer_size=24)
+    with pytest.raises(ProtocolError, match=match):
+        feed_buffered(dec, prefix + bad)
+
+
+def test_protocol_error_is_a_value_error():
+    assert issubclass(ProtocolError, ValueError)
+
+
+def test_close_of_unknown_vc_then_connect():
+    # CLOSE of a vc that is not open is tolerated (idempotent close)
+    events = ParcelDecoder().feed(encode_close(4) + encode_connect(4) + encode_close(4))
+    assert events == [Close(4), Connect(4), Close(4)]
+
+
+def test_check_eof_mid_header_and_mid_hello():
+    for partial in (MAGIC, encode_connect(1)[:23], encode_hello(b"abcdef")[:-1]):
+        dec = ParcelDecoder()
+        assert dec.feed(partial) == []
+        assert not dec.idle
+        with pytest.raises(ProtocolError, match="middle of a parcel"):
+            dec.check_eof()
+
+
+# ---------------------------------------------------------------------------
+# Decoded frames: writable, and never aliasing the receive buffer
+# ---------------------------------------------------------------------------
+
+
+def test_frames_are_writable_memoryviews():
+    frames_in = [b"", b"abc", b"x" * 7, b"B" * 100, b""]
+    dec = ParcelDecoder()
+    msg = decode_one(dec, encode_parcel(0, 0, frames_in, 8, 32))
+    assert [bytes(f) for f in msg.frames] == frames_in
+    for f in msg.frames:
+        check_frame(f)
+        if f.nbytes:
+            f[0] = ord("Z")
+            assert f[0] == ord("Z")
+            np.frombuffer(f, dtype=np.uint8)[:] = 1  # zero-copy numpy view, writable
+    # writing into one frame changed only that frame
+    assert [bytes(f) for f in msg.frames] == [b"", b"\x01" * 3, b"\x01" * 7, b"\x01" * 100, b""]
+
+
+def test_eager_frames_do_not_alias_the_receive_buffer():
+    a = [b"first-" + bytes(range(40)), b"", b"second"]
+    dec = ParcelDecoder(buffer_size=4096)
+    m1 = decode_one(dec, encode_parcel(0, 0, a, 64, 64))
+    before = [bytes(f) for f in m1.frames]
+    assert before == a
+    for f in m1.frames:
+        assert f.obj is not dec._buf
+    # scribble over everything the decoder will hand out, then decode more
+    buf = dec.get_buffer()
+    buf[:] = b"\xee" * buf.nbytes
+    (m2,) = dec.feed(encode_parcel(0, 1, [b"Q" * 46, b"", b"R" * 6], 64, 64))  # same vc, next seq
+    assert [bytes(f) for f in m1.frames] == before
+    assert [bytes(f) for f in m2.frames] == [b"Q" * 46, b"", b"R" * 6]
+    # and scribbling over the earlier message's frames does not touch the later one
+    for f in m1.frames:
+        f[:] = b"\x00" * f.nbytes
+    assert [bytes(f) for f in m2.frames] == [b"Q" * 46, b"", b"R" * 6]
+
+
+@settings(SETTINGS, max_examples=30)
+@given(case=stream_cases(max_vcs=2), buffer_size=st.sampled_from([0, 64, 4096]))
+def test_frames_survive_later_decoding(case, buffer_size):
+    """No frame ever aliases memory the decoder reuses afterwards."""
+    s, _, _ = case
+    dec = ParcelDecoder(buffer_size=buffer_size)
+    got = []
+    for i in range(len(s.data)):
+        evs = dec.feed(s.data[i : i + 1])
+        got += evs
+        # trash whatever buffer the decoder offers next, without reporting it
+        buf = dec.get_buffer()
+        if isinstance(buf.obj, bytearray):
+            buf[:] = b"\xa5" * buf.nbytes
+    assert norm(got) == s.expected()
+
+
+# ---------------------------------------------------------------------------
+# The encoder
+# ---------------------------------------------------------------------------
+
+
+def units_of(p: OutgoingParcel) -> list[list]:
+    units = []
+    while not p.done:
+        unit = p.next_unit()
+        assert unit
+        units.append(unit)
+    return units
+
+
+def test_outgoing_parcel_units():
+    frames = [b"e" * 4, b"B" * 25, b"", b"C" * 10]
+    p = OutgoingParcel(9, 3, frames, eager_threshold=4, fragment_size=10)
+    assert p.vc == 9 and p.seq == 3 and p.nbytes == 39
+    assert not p.done
+    units = units_of(p)
+    assert p.done
+    head = b"".join(bytes(b) for b in units[0])
+    magic, version, kind, flags, vc, seq, count = HEADER.unpack_from(head)
+    assert (magic, version, kind, flags, vc, seq, count) == (MAGIC, VERSION, Kind.PARCEL, 0, 9, 3, 4)
+    assert struct.unpack_from("<4Q", head, HEADER.size) == (4, BULK | 25, 0, BULK | 10)
+    assert head[HEADER.size + 32 :] == b"e" * 4
+    frags = []
+    for unit in units[1:]:
+        first = bytes(unit[0])
+        _, _, kind, _, vc, seq, index = HEADER.unpack_from(first)
+        offset, nbytes = FRAGMENT_EXT.unpack_from(first, HEADER.size)
+        payload = b"".join(bytes(b) for b in unit[1:])
+        assert (kind, vc, seq) == (Kind.FRAGMENT, 9, 3)
+        assert len(payload) == nbytes <= 10
+        frags.append((index, offset, nbytes))
+    assert frags == [(1, 0, 10), (1, 10, 10), (1, 20, 5), (3, 0, 10)]
+    assert encode_parcel(9, 3, frames, 4, 10) == b"".join(bytes(b) for u in units for b in u)
+
+
+def test_outgoing_parcel_is_zero_copy():
+    big = bytearray(b"z" * 100)
+    p = OutgoingParcel(0, 0, [big], eager_threshold=10, fragment_size=60)
+    p.next_unit()
+    unit = p.next_unit()
+    big[:] = b"y" * 100  # the fragment payload is a view of the caller's buffer
+    assert bytes(unit[1]) == b"y" * 60
+
+
+def test_outgoing_parcel_without_frames():
+    p = OutgoingParcel(0, 0, [], 10, 10)
+    assert not p.done and p.nbytes == 0
+    (unit,) = units_of(p)
+    assert b"".join(bytes(b) for b in unit) == hdr(Kind.PARCEL, 0, 0, 0)
+
+
+def test_frame_exactly_at_threshold_is_eager_and_one_above_is_bulk():
+    p = OutgoingParcel(0, 0, [b"a" * 8, b"b" * 9], eager_threshold=8, fragment_size=100)
+    head = b"".join(bytes(b) for b in p.next_unit())
+    assert struct.unpack_from("<2Q", head, HEADER.size) == (8, BULK | 9)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(b"bytes" * 30, id="bytes"),
+        pytest.param(bytearray(b"ba" * 40), id="bytearray"),
+        pytest.param(memoryview(b"mv" * 40), id="memoryview"),
+        pytest.param(memoryview(b"chars" * 10).cast("c"), id="format-c"),
+        pytest.param(memoryview(bytearray(b"signed" * 10)).cast("b"), id="format-b"),
+        pytest.param(np.arange(50, dtype=np.float64), id="float64"),
+        pytest.param(np.arange(60, dtype=np.int32).reshape(6, 10), id="2d-C"),
+        pytest.param(np.arange(100, dtype=np.uint8)[::3], id="strided"),
+        pytest.param(np.arange(24, dtype=np.int16).reshape(4, 6)[:, 1:4], id="2d-non-contiguous"),
+        pytest.param(np.array(123456789, dtype=np.int64), id="0d"),
+        pytest.param(np.empty(0, dtype=np.float64), id="empty-1d"),
+    ],
+)
+def test_buffer_types_roundtrip(frame):
+    expected = bytes(memoryview(frame))  # logical (C-order) bytes
+    for thr in (0, 1 << 20):  # as bulk and as eager
+        data = encode_parcel(0, 0, [frame], thr, 16)
+        msg = decode_one(ParcelDecoder(), data)
+        assert [bytes(f) for f in msg.frames] == [expected]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        # BUG: _as_bytes_view casts any "contiguous" view with memoryview.cast,
+        # which only accepts C-contiguous views (and no zeros in the shape).
+        pytest.param(np.asfortranarray(np.arange(12, dtype=np.uint8).reshape(3, 4)), id="2d-F"),
+        pytest.param(np.zeros((4, 6), dtype=np.float32, order="F")[:, :3], id="2d-F-slice"),
+        pytest.param(np.empty((0, 3), dtype=np.float64), id="empty-2d"),
+    ],
+)
+def test_buffer_types_roundtrip_fortran_and_empty_nd(frame):
+    """Frames in memory order, like distributed's ensure_memoryview (PickleBuffer.raw())."""
+    expected = frame.tobytes(order="A")
+    for thr in (0, 1 << 20):
+        data = encode_parcel(0, 0, [frame], thr, 16)
+        msg = decode_one(ParcelDecoder(), data)
+        assert [bytes(f) for f in msg.frames] == [expected]
+
+
+def test_default_encoder_output_is_accepted_by_default_decoder():
+    """BUG: the encoder knows nothing of Limits.max_eager_bytes.
+
+    With the defaults of lci.yaml (eager-threshold 64KiB, max-eager-bytes
+    64MiB) a message of 1024 frames of 64KiB -- every one of them eager -- is
+    a perfectly ordinary Dask message, yet the receiver refuses it ("67108864
+    eager bytes exceed the limit": the size table is counted too). The sender
+    should send frames as bulk once the parcel's eager budget is spent.
+    """
+    chunk = memoryview(b"\x5a" * (64 * 1024))
+    frames = [chunk] * 1024
+    p = OutgoingParcel(1, 0, frames, eager_threshold=64 * 1024, fragment_size=1 << 20)
+    dec = ParcelDecoder()  # default Limits
+    events = dec.feed(encode_connect(1))
+    while not p.done:
+        for b in p.next_unit():
+            events += dec.feed(b)
+    assert isinstance(events[-1], Message)
+    assert len(events[-1].frames) == 1024
+    assert all(f == chunk for f in events[-1].frames)
+    assert dec.idle
