@@ -291,7 +291,14 @@ class ParcelDecoder:
             else:
                 self._view[:pending] = self._view[self._start : self._end]
             self._start, self._end = 0, pending
-        return self._view[self._end :]
+        view = self._view[self._end :]
+        if self._assembly:
+            # Bulk data is due: read no further than the next fragment header,
+            # so that payloads land in their frames rather than in this buffer.
+            want = max(self._need, HEADER.size + FRAGMENT_EXT.size) - (self._end - self._start)
+            if want > 0:
+                return view[:want]
+        return view
 
     def buffer_updated(self, nbytes: int) -> list[Event]:
         events: list[Event] = []

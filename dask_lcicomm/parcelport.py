@@ -38,7 +38,7 @@ from dask_lcicomm.parcel import (
 )
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone
-from dask_lcicomm.providers.tcp import TcpDevice, open_connection
+from dask_lcicomm.providers.tcp import TcpDevice, configure_socket, open_connection
 
 if TYPE_CHECKING:
     from dask_lcicomm.comm.listener import LCIListener
@@ -135,6 +135,7 @@ class Parcelport:
     def accept(self, sock: socket.socket, listener: LCIListener) -> None:
         """Adopt a socket accepted by ``listener``; it must greet us first."""
         try:
+            configure_socket(sock)
             self._new_device(sock, 0, listener)
         except OSError as e:
             logger.info("dropping connection accepted by %s: %s", listener.contact_address, e)

@@ -72,7 +72,6 @@ class LCIListener(BaseListener):
             except OSError as e:
                 logger.warning("accept on %s failed: %s", self.contact_address, e)
                 return
-            conn.setblocking(False)
             port.accept(conn, self)
 
     def stop(self) -> None:
