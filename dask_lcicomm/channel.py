@@ -85,6 +85,14 @@ class Channel:
         if not self._pending and not self.nvcs and (self.devices or self.closed):
             self._close()
 
+    def retire(self) -> None:
+        """The listener refused a virtual connection: it is not the one we
+        connected to any more. Open no more virtual connections here; close
+        when the last one is gone."""
+        self.closed = True
+        self.port.forget_channel(self)
+        self.maybe_close()
+
     def device_lost(self) -> None:
         """One device died: the channel is broken; close the rest."""
         self.closed = True

@@ -93,6 +93,7 @@ class Parcelport:
         self._listeners: set[LCIListener] = set()
         self._hellos: dict[Device, asyncio.Future[dict[str, Any]]] = {}
         self._greeted: set[Device] = set()
+        self._accepts: dict[tuple[Device, int], asyncio.Future[None]] = {}
         self.closed = False
 
     # -- lifetime -----------------------------------------------------------
@@ -182,12 +183,18 @@ class Parcelport:
         device, vc = await channel.allocate()
         comm = LCIComm(self, device, vc, device.local_address, device.peer_address, deserialize)
         device.vcs[vc] = comm
+        accepted = self._accepts[device, vc] = self.loop.create_future()
         try:
             device.put(vc, Raw(encode_connect(vc)))
+            await accepted
         except DeviceClosed as e:
-            del device.vcs[vc]
             comm.abort()
             raise CommClosedError(f"channel to {SCHEME}{key} closed: {e}") from e
+        except BaseException:
+            comm.abort()
+            raise
+        finally:
+            self._accepts.pop((device, vc), None)
         return comm
 
     def forget_channel(self, channel: Channel) -> None:
@@ -221,10 +228,14 @@ class Parcelport:
                 else:
                     self._violation(device, f"{kind.__name__} before HELLO")
             elif kind is Connect:
-                self._open_vc(device, event.vc)
+                if device.listener is None:
+                    self._accepted(device, event.vc)
+                else:
+                    self._open_vc(device, event.vc)
             elif kind is Close:
                 comm = device.vcs.get(event.vc)
                 if comm is not None:
+                    self._refused(device, event.vc)
                     comm._closed_by_peer("closed by peer")
             else:
                 self._violation(device, "second HELLO")
@@ -248,17 +259,32 @@ class Parcelport:
         except DeviceClosed:
             pass
 
+    def _accepted(self, device: Device, vc: int) -> None:
+        accepted = self._accepts.get((device, vc))
+        if accepted is None:
+            self._violation(device, f"unexpected CONNECT for vc {vc}")
+        elif not accepted.done():
+            accepted.set_result(None)
+
+    def _refused(self, device: Device, vc: int) -> None:
+        accepted = self._accepts.get((device, vc))
+        if accepted is not None and not accepted.done():
+            accepted.set_exception(
+                ConnectionRefusedError(f"{device.peer_address} refused a new comm: listener stopped")
+            )
+            if device.channel is not None:
+                device.channel.retire()
+
     def _open_vc(self, device: Device, vc: int) -> None:
+        """The peer opens ``vc``: accept it if our listener still listens."""
         listener = device.listener
-        if listener is None or listener not in self._listeners:
-            if listener is None:
-                self._violation(device, f"CONNECT for vc {vc} sent to a connecting side")
-                return
-            logger.debug("refusing vc %d from %s: listener stopped", vc, device.peer_address)
-            try:
-                device.put(vc, Raw(encode_close(vc)))
-            except DeviceClosed:
-                pass
+        reply = encode_connect(vc) if listener in self._listeners else encode_close(vc)
+        try:
+            device.put(vc, Raw(reply))
+        except DeviceClosed:
+            return
+        if listener not in self._listeners:
+            logger.debug("refused vc %d from %s: listener stopped", vc, device.peer_address)
             return
         comm = LCIComm(
             self, device, vc, device.local_address, device.peer_address, listener.deserialize
@@ -284,9 +310,12 @@ class Parcelport:
         for token in event.tokens:
             if not token.done():
                 token.set_exception(error)
-        comms = list(device.vcs.values())
+        comms = list(device.vcs.items())
         device.vcs.clear()
-        for comm in comms:
+        for vc, comm in comms:
+            accepted = self._accepts.get((device, vc))
+            if accepted is not None and not accepted.done():
+                accepted.set_exception(ConnectionResetError(str(error)))
             comm._closed_by_peer(str(error))
         if device.channel is not None:
             device.channel.device_lost()

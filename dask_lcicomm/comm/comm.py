@@ -71,7 +71,7 @@ class LCIComm(Comm):
         inbox = self._inbox
         if not inbox:
             if self._peer_closed is not None:
-                self._closed = True
+                self.abort()
                 raise CommClosedError(f"{self!r}: {self._peer_closed}")
             reader = self._reader = self._port.loop.create_future()
             try:
@@ -82,7 +82,7 @@ class LCIComm(Comm):
             finally:
                 self._reader = None
             if not inbox:
-                self._closed = True
+                self.abort()
                 raise CommClosedError(f"{self!r}: {self._peer_closed or 'closed'}")
         frames = inbox.popleft()
         try:
@@ -98,6 +98,7 @@ class LCIComm(Comm):
 
     async def write(self, msg: Any, serializers: Any = None, on_error: str = "message") -> int:
         if self._closed or self._peer_closed is not None:
+            self.abort()
             raise CommClosedError(f"{self!r}: {self._peer_closed or 'write on a closed comm'}")
         frames = await to_frames(
             msg,
@@ -107,6 +108,7 @@ class LCIComm(Comm):
             context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
         )
         if self._closed or self._peer_closed is not None:
+            self.abort()
             raise CommClosedError(f"{self!r}: closed while serializing")
         parcel = OutgoingParcel(
             self._vc,
@@ -136,8 +138,6 @@ class LCIComm(Comm):
 
     async def close(self) -> None:
         """Close after the messages already written have been sent."""
-        if self._closed:
-            return
         token = self._port.loop.create_future()
         done = self._shut(token)
         if not done:
@@ -147,20 +147,19 @@ class LCIComm(Comm):
                 pass
 
     def abort(self) -> None:
-        if not self._closed:
-            self._shut(None)
+        self._shut(None)
 
     def _shut(self, token: asyncio.Future[None] | None) -> bool:
+        """Close this end (once): tell the peer and free the virtual connection."""
         self._closed = True
         self._wake_reader()
         device, vc = self._device, self._vc
         done = True
         if device.vcs.get(vc) is self:
-            if not device.lost:
-                try:
-                    done = device.put(vc, Raw(encode_close(vc)), token)
-                except DeviceClosed:
-                    pass
+            try:
+                done = device.put(vc, Raw(encode_close(vc)), token)
+            except DeviceClosed:
+                pass
             self._port.vc_closed(device, vc)
         return done
 
