@@ -37,7 +37,7 @@ from dask_lcicomm.parcel import (
     encode_hello,
 )
 from dask_lcicomm.progress import ProgressEngine, make_completion
-from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone
+from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone, Unit
 from dask_lcicomm.providers.tcp import TcpDevice, configure_socket, open_connection
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class Parcelport:
         self._hellos: dict[Device, asyncio.Future[dict[str, Any]]] = {}
         self._greeted: set[Device] = set()
         self._accepts: dict[tuple[Device, int], asyncio.Future[None]] = {}
+        self._unflushed: dict[Device, None] = {}
+        self._flush_handle: asyncio.Handle | None = None
         self.closed = False
 
     # -- lifetime -----------------------------------------------------------
@@ -150,12 +152,34 @@ class Parcelport:
         self._hellos[device] = hello
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
         try:
-            device.put(0, Raw(self._hello(device=index, ndevices=ndevices)))
+            self.send(device, 0, Raw(self._hello(device=index, ndevices=ndevices)))
             await asyncio.wait_for(asyncio.shield(hello), timeout)
         except BaseException:
             self._close_device(device)
             raise
         return device
+
+    def send(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
+        """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`.
+
+        With aggregation, the device is flushed once the current event-loop
+        iteration is over, so everything written meanwhile, by any comm,
+        leaves in one system call; a large backlog is flushed at once.
+        """
+        if device.put(vc, unit, token) or not self.settings.aggregation:
+            device.flush()
+            self.completion.flush()
+        else:
+            self._unflushed[device] = None
+            if self._flush_handle is None:
+                self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        devices, self._unflushed = self._unflushed, {}
+        for device in devices:
+            device.flush()
+        self.completion.flush()
 
     def _hello(self, **extra: Any) -> bytes:
         return encode_hello(json.dumps({**self.identity, **extra}).encode())
@@ -185,7 +209,7 @@ class Parcelport:
         device.vcs[vc] = comm
         accepted = self._accepts[device, vc] = self.loop.create_future()
         try:
-            device.put(vc, Raw(encode_connect(vc)))
+            self.send(device, vc, Raw(encode_connect(vc)))
             await accepted
         except DeviceClosed as e:
             comm.abort()
@@ -255,7 +279,7 @@ class Parcelport:
                 hello.set_result(info)
             return
         try:
-            device.put(0, Raw(self._hello()))
+            self.send(device, 0, Raw(self._hello()))
         except DeviceClosed:
             pass
 
@@ -280,7 +304,7 @@ class Parcelport:
         listener = device.listener
         reply = encode_connect(vc) if listener in self._listeners else encode_close(vc)
         try:
-            device.put(vc, Raw(reply))
+            self.send(device, vc, Raw(reply))
         except DeviceClosed:
             return
         if listener not in self._listeners:

@@ -34,6 +34,11 @@ class Endpoint:
         )
         self.engine.add(self.device)
 
+    def send(self, vc, unit, token=None):
+        """Queue ``unit`` and flush, as the parcelport does without aggregation."""
+        self.device.put(vc, unit, token)
+        return self.device.flush()
+
     def _handle(self, batch):
         self.events.extend(event for _, event in batch)
         self.arrived.set()

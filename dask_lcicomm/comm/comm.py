@@ -119,16 +119,15 @@ class LCIComm(Comm):
             self._eager_budget,
         )
         self._seq += 1
-        device = self._device
         token = None
-        if device.queued_bytes + parcel.nbytes > self._high_water:
+        if self._device.queued_bytes + parcel.nbytes > self._high_water:
             token = self._port.loop.create_future()
         try:
-            done = device.put(self._vc, parcel, token)
+            self._port.send(self._device, self._vc, parcel, token)
         except DeviceClosed as e:
             self.abort()
             raise CommClosedError(f"{self!r}: {e}") from e
-        if token is not None and not done:
+        if token is not None:
             try:
                 await token
             except BaseException:
@@ -139,8 +138,7 @@ class LCIComm(Comm):
     async def close(self) -> None:
         """Close after the messages already written have been sent."""
         token = self._port.loop.create_future()
-        done = self._shut(token)
-        if not done:
+        if self._shut(token):
             try:
                 await token
             except CommClosedError:
@@ -150,18 +148,22 @@ class LCIComm(Comm):
         self._shut(None)
 
     def _shut(self, token: asyncio.Future[None] | None) -> bool:
-        """Close this end (once): tell the peer and free the virtual connection."""
+        """Close this end (once): tell the peer and free the virtual connection.
+
+        True when a CLOSE was queued, whose sending completes ``token``.
+        """
         self._closed = True
         self._wake_reader()
         device, vc = self._device, self._vc
-        done = True
-        if device.vcs.get(vc) is self:
-            try:
-                done = device.put(vc, Raw(encode_close(vc)), token)
-            except DeviceClosed:
-                pass
-            self._port.vc_closed(device, vc)
-        return done
+        if device.vcs.get(vc) is not self:
+            return False
+        try:
+            self._port.send(device, vc, Raw(encode_close(vc)), token)
+            queued = True
+        except DeviceClosed:
+            queued = False
+        self._port.vc_closed(device, vc)
+        return queued
 
     def _deliver(self, frames: list[memoryview]) -> None:
         self._inbox.append(frames)

@@ -54,7 +54,7 @@ class CompletionQueue:
         elif not self._armed:
             self._armed = True
             self.wakeups += 1
-            self._loop.call_soon_threadsafe(self.drain)
+            _call_soon_threadsafe(self._loop, self.drain)
 
     def drain(self) -> None:
         """Hand every queued completion to the handler (on the event loop).
@@ -81,12 +81,22 @@ class Synchronizer:
     def push(self, item: Any) -> None:
         self.wakeups += 1
         if self._threadsafe:
-            self._loop.call_soon_threadsafe(self._handler, [item])
+            _call_soon_threadsafe(self._loop, self._handler, [item])
         else:
             self._handler([item])
 
     def flush(self) -> None:
         pass
+
+
+def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """Schedule ``fn`` on ``loop``, unless the loop is already closed: then
+    nobody is left to be told (a progress thread finishing its last device)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def make_completion(

@@ -171,7 +171,6 @@ class _PollDriver(_Driver):
 
 class _ThreadDriver(_Driver):
     def __init__(self, completion: Completion, nthreads: int) -> None:
-        self._completion = completion
         self._threads = [_ProgressThread(completion) for _ in range(nthreads)]
         self._owner: dict[Device, _ProgressThread] = {}
         self._next = 0
@@ -180,17 +179,17 @@ class _ThreadDriver(_Driver):
         thread = self._threads[self._next % len(self._threads)]
         self._next += 1
         self._owner[device] = thread
-        thread.post(thread.register, device)
+        thread.post(_Run.register, device)
 
     def want_write(self, device: Device) -> None:
         thread = self._owner.get(device)
-        if thread is not None:
-            thread.post(thread.watch_writes, device)
+        if thread is not None and not device.released:
+            thread.post(_Run.watch_writes, device)
 
     def remove(self, device: Device) -> None:
         thread = self._owner.pop(device, None)
-        if thread is not None:
-            thread.post(thread.unregister, device)
+        if thread is not None and not device.released:
+            thread.post(_Run.unregister, device)
 
     def close(self) -> None:
         for thread in self._threads:
@@ -198,94 +197,108 @@ class _ThreadDriver(_Driver):
 
 
 class _ProgressThread:
-    """One dedicated progress thread: blocks in epoll, never spins."""
+    """A slot for one dedicated progress thread.
+
+    The thread runs while it has devices to progress: it starts with the
+    first command and exits by itself once its last device is gone, so no
+    idle thread outlives the comms it served, even after the event loop has
+    stopped.
+    """
 
     def __init__(self, completion: Completion) -> None:
         self._completion = completion
-        self._selector: selectors.BaseSelector | None = None
-        self._commands: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._lock = threading.Lock()
-        self._wake_r = self._wake_w = -1
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._run: _Run | None = None
         self._closed = False
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the progress thread (started on first use)."""
+        """Run ``fn(run, *args)`` on the progress thread, starting it if needed."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("progress thread is stopped")
-            if self._thread is None:
-                self._start()
-            self._commands.append((fn, args))
-            os.write(self._wake_w, b"\0")
+            if self._run is None:
+                self._run = _Run(self, self._completion)
+            self._run.commands.append((fn, args))
+            self._run.wake()
 
-    def _start(self) -> None:
+    def finished(self, run: _Run) -> bool:
+        """Called by ``run`` when it has no device left: may it exit?"""
+        with self._lock:
+            if run.commands:
+                return False
+            if self._run is run:
+                self._run = None
+            return True
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+            run, self._run = self._run, None
+            if run is None:
+                return
+            run.commands.append((_Run.stop, ()))
+            run.wake()
+        if run.thread is not threading.current_thread():
+            run.thread.join(timeout=5)
+
+
+class _Run:
+    """One run of a progress thread: blocks in epoll, never spins."""
+
+    def __init__(self, slot: _ProgressThread, completion: Completion) -> None:
+        self._slot = slot
+        self._completion = completion
+        self.commands: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._thread = threading.Thread(
-            target=self._run, name=f"lci-progress-{next(_thread_ids)}", daemon=True
+        self._stopping = False
+        self.thread = threading.Thread(
+            target=self._main, name=f"lci-progress-{next(_thread_ids)}", daemon=True
         )
-        self._thread.start()
+        self.thread.start()
+
+    def wake(self) -> None:
+        os.write(self._wake_w, b"\0")
 
     def stop(self) -> None:
-        with self._lock:
-            thread = self._thread
-            if thread is None or self._closed:
-                self._closed = True
-                return
-            self._closed = True
-            self._commands.append((self._stop, ()))
-            os.write(self._wake_w, b"\0")
-        if thread is not threading.current_thread():
-            thread.join(timeout=5)
-
-    def _stop(self) -> None:
         self._stopping = True
 
     def register(self, device: Device) -> None:
-        assert self._selector is not None
         self._selector.register(device.fileno(), selectors.EVENT_READ, device)
 
     def watch_writes(self, device: Device) -> None:
-        assert self._selector is not None
+        self._watch(device, selectors.EVENT_READ | selectors.EVENT_WRITE)
+
+    def _watch(self, device: Device, events: int) -> None:
         try:
-            self._selector.modify(
-                device.fileno(), selectors.EVENT_READ | selectors.EVENT_WRITE, device
-            )
+            self._selector.modify(device.fileno(), events, device)
         except (KeyError, ValueError):
             pass
 
     def unregister(self, device: Device) -> None:
-        assert self._selector is not None
         try:
             self._selector.unregister(device.fileno())
         except (KeyError, ValueError):
             pass
         device.release()
 
-    def _run(self) -> None:
+    def _main(self) -> None:
         selector = self._selector
-        assert selector is not None
-        wake_r, wake_w = self._wake_r, self._wake_w
         try:
             while not self._stopping:
                 for key, mask in selector.select():
                     device = key.data
                     if device is None:
                         self._run_commands()
-                        continue
-                    if mask & selectors.EVENT_READ and not device.on_readable():
+                    elif mask & selectors.EVENT_READ and not device.on_readable():
                         self.unregister(device)
-                        continue
-                    if mask & selectors.EVENT_WRITE and device.on_writable():
-                        try:
-                            selector.modify(key.fd, selectors.EVENT_READ, device)
-                        except (KeyError, ValueError):
-                            pass
+                    elif mask & selectors.EVENT_WRITE and device.on_writable():
+                        self._watch(device, selectors.EVENT_READ)
                 self._completion.flush()
+                if len(selector.get_map()) == 1 and self._slot.finished(self):
+                    break
         except Exception:
             logger.exception("progress thread failed")
         finally:
@@ -293,8 +306,8 @@ class _ProgressThread:
                 if key.data is not None:
                     self.unregister(key.data)
             selector.close()
-            os.close(wake_r)
-            os.close(wake_w)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
             self._completion.flush()
 
     def _run_commands(self) -> None:
@@ -303,6 +316,6 @@ class _ProgressThread:
                 pass
         except BlockingIOError:
             pass
-        while self._commands:
-            fn, args = self._commands.popleft()
-            fn(*args)
+        while self.commands:
+            fn, args = self.commands.popleft()
+            fn(self, *args)

@@ -1,8 +1,9 @@
 """The device: one endpoint of a network channel, as a progress engine sees it.
 
-A device moves parcels between two parcelports. Its verb is ``put``: queue a
-parcel for a virtual connection and, if the device is idle, send it at once
-on the calling thread; what cannot be sent now is left to progress. On the
+A device moves parcels between two parcelports. Its verbs are ``put``, which
+queues a parcel for a virtual connection, and ``flush``, which sends what is
+queued on the calling thread as far as the fabric takes it without waiting;
+what cannot be sent now is left to progress. On the
 receiving side progress writes bytes where the parcel decoder says they
 belong and reports every arrival to the completion object; nothing is ever
 received because someone asked for it (LCI's one-sided model).
@@ -111,6 +112,7 @@ class Device(ABC):
         self._writing = False
         self._finishing = False
         self._lost: str | None = None
+        self.released = False
         self.queued_bytes = 0
         self.index = 0
         self.local_address = ""
@@ -144,11 +146,12 @@ class Device(ABC):
         return self._lost is not None
 
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
-        """Queue ``unit`` on virtual connection ``vc``; send now if idle.
+        """Queue ``unit`` on virtual connection ``vc``; :meth:`flush` sends it.
 
-        Returns True when everything queued on the device has been sent. A
-        ``token`` comes back in a :class:`SendDone` completion once ``unit``
-        has been sent, or in :class:`DeviceLost` if it never will be.
+        Returns True when so much is queued that the caller should flush now
+        rather than wait for more parcels to aggregate. A ``token`` comes
+        back in a :class:`SendDone` completion once ``unit`` has been sent,
+        or in :class:`DeviceLost` if it never will be.
         """
         with self._lock:
             if self._lost is not None or self._finishing:
@@ -159,6 +162,12 @@ class Device(ABC):
                 self._ready.append(vc)
             stream.append((unit, token))
             self.queued_bytes += unit.nbytes
+            return self.queued_bytes >= self._batch_bytes
+
+    def flush(self) -> bool:
+        """Send what is queued, on the calling thread, as far as the fabric
+        takes it now; progress sends the rest. True when all is sent."""
+        with self._lock:
             if self._writing:
                 return False
             done = self._send()
@@ -173,8 +182,8 @@ class Device(ABC):
             if self._finishing or self._lost is not None:
                 return
             self._finishing = True
-            if not self._writing:
-                self._shutdown(both=False)
+        if self.flush():
+            self._shutdown(both=False)
 
     def on_writable(self) -> bool:
         """Progress the send side; True when nothing is left to send."""
@@ -212,6 +221,7 @@ class Device(ABC):
         """Called by the progress engine once the device is unregistered."""
         if self._lost is None:
             self._fail("closed", logging.DEBUG)
+        self.released = True
         self._close_transport()
 
     def _fail(self, reason: str, level: int) -> bool:

@@ -25,8 +25,8 @@ def _progress_threads():
 async def test_modes_deliver_both_ways(endpoint_pair, mode, completion):
     with endpoint_pair(mode, completion=completion) as (a, b):
         for seq in range(20):
-            a.device.put(1, OutgoingParcel(1, seq, [b"ping"], 1024, 4096))
-            b.device.put(1, OutgoingParcel(1, seq, [b"pong"], 1024, 4096))
+            a.send(1, OutgoingParcel(1, seq, [b"ping"], 1024, 4096))
+            b.send(1, OutgoingParcel(1, seq, [b"pong"], 1024, 4096))
         for end in (a, b):
             await end.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 20)
 
@@ -36,7 +36,7 @@ async def test_queue_wakes_the_loop_once_per_batch(endpoint_pair):
     with endpoint_pair("thread", sndbuf=1 << 20) as (a, b):
         n = 2000
         for seq in range(n):
-            a.device.put(1, OutgoingParcel(1, seq, [b"x"], 1024, 4096))
+            a.send(1, OutgoingParcel(1, seq, [b"x"], 1024, 4096))
         await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == n)
         assert isinstance(b.completion, CompletionQueue)
         assert b.completion.wakeups < n / 4
@@ -46,7 +46,7 @@ async def test_queue_wakes_the_loop_once_per_batch(endpoint_pair):
 async def test_threads_start_with_devices_and_stop_on_close(endpoint_pair):
     assert not _progress_threads()
     with endpoint_pair("thread") as (a, b):
-        a.device.put(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
+        a.send(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
         await b.wait_for(lambda ev: len(ev) == 1)
         assert len(_progress_threads()) == 2
     deadline = time.monotonic() + 5
@@ -58,7 +58,7 @@ async def test_threads_start_with_devices_and_stop_on_close(endpoint_pair):
 @gen_test(timeout=60)
 async def test_idle_progress_thread_does_not_spin(endpoint_pair):
     with endpoint_pair("thread") as (a, b):
-        a.device.put(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
+        a.send(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
         await b.wait_for(lambda ev: len(ev) == 1)
         before = resource.getrusage(resource.RUSAGE_SELF)
         time.sleep(1.0)

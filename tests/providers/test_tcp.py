@@ -31,7 +31,7 @@ async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode):
         for seq in range(50):
             frames = [rng.bytes(int(n)) for n in rng.integers(0, 200_000, size=3)]
             sent.append(frames)
-            a.device.put(7, _parcel(7, seq, frames))
+            a.send(7, _parcel(7, seq, frames))
         await b.wait_for(lambda ev: len(_messages(ev)) == 50)
         got = _messages(b.events)
         assert [m.seq for m in got] == list(range(50))
@@ -43,8 +43,8 @@ async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode):
 async def test_small_parcel_overtakes_large_one_on_another_vc(endpoint_pair, mode):
     with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
         big = np.arange(32 << 20, dtype=np.uint8)
-        a.device.put(1, _parcel(1, 0, [big]))
-        a.device.put(2, _parcel(2, 0, [b"small"]))
+        a.send(1, _parcel(1, 0, [big]))
+        a.send(2, _parcel(2, 0, [b"small"]))
         await b.wait_for(lambda ev: len(_messages(ev)) == 2, timeout=30)
         order = [m.vc for m in _messages(b.events)]
         assert order == [2, 1]
@@ -57,7 +57,7 @@ async def test_send_completion_after_back_pressure(endpoint_pair, mode):
     with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
         token = asyncio.get_running_loop().create_future()
         payload = bytes(8 << 20)
-        done = a.device.put(3, _parcel(3, 0, [payload]), token)
+        done = a.send(3, _parcel(3, 0, [payload]), token)
         assert not done, "8 MiB cannot fit a 64 KiB socket buffer at once"
         assert a.device.queued_bytes >= len(payload)
         await b.wait_for(lambda ev: len(_messages(ev)) == 1, timeout=30)
@@ -70,9 +70,9 @@ async def test_send_completion_after_back_pressure(endpoint_pair, mode):
 @gen_test(timeout=60)
 async def test_aggregation_batches_queued_parcels(endpoint_pair, aggregation):
     with endpoint_pair("loop", sndbuf=64 * 1024, aggregation=aggregation) as (a, b):
-        a.device.put(1, _parcel(1, 0, [bytes(4 << 20)]))
+        a.send(1, _parcel(1, 0, [bytes(4 << 20)]))
         for seq in range(200):
-            a.device.put(2, _parcel(2, seq, [b"x" * 10]))
+            a.send(2, _parcel(2, seq, [b"x" * 10]))
         await b.wait_for(lambda ev: len(_messages(ev)) == 201, timeout=30)
         assert [m.seq for m in _messages(b.events, 2)] == list(range(200))
 
@@ -81,10 +81,10 @@ async def test_aggregation_batches_queued_parcels(endpoint_pair, aggregation):
 async def test_peer_loss_reports_pending_sends(endpoint_pair):
     with endpoint_pair("loop", sndbuf=64 * 1024) as (a, b):
         token = asyncio.get_running_loop().create_future()
-        a.device.put(1, _parcel(1, 0, [bytes(16 << 20)]), token)
+        a.send(1, _parcel(1, 0, [bytes(16 << 20)]), token)
         b.engine.remove(b.device)
         await a.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
         lost = next(e for e in a.events if isinstance(e, DeviceLost))
         assert token in lost.tokens
         with pytest.raises(DeviceClosed):
-            a.device.put(1, _parcel(1, 1, [b"late"]))
+            a.send(1, _parcel(1, 1, [b"late"]))
