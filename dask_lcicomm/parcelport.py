@@ -162,17 +162,22 @@ class Parcelport:
     def send(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
         """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`.
 
-        With aggregation, the device is flushed once the current event-loop
-        iteration is over, so everything written meanwhile, by any comm,
-        leaves in one system call; a large backlog is flushed at once.
+        With aggregation, the first send of an event-loop iteration leaves at
+        once (latency), and whatever is written after it in the same
+        iteration, by any comm, leaves together in one system call when the
+        iteration is over (message rate); a large backlog is flushed at once.
         """
         if device.put(vc, unit, token) or not self.settings.aggregation:
-            device.flush()
-            self.completion.flush()
+            self._flush_device(device)
+        elif self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+            self._flush_device(device)
         else:
             self._unflushed[device] = None
-            if self._flush_handle is None:
-                self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush_device(self, device: Device) -> None:
+        device.flush()
+        self.completion.flush()
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -234,35 +239,47 @@ class Parcelport:
     # -- completions ----------------------------------------------------------
 
     def _handle(self, batch: list[tuple[Device, Any]]) -> None:
-        """Route a batch of completions (runs on the event loop)."""
+        """Route a batch of completions (runs on the event loop).
+
+        A failure routing one completion is logged and must not lose the rest
+        of the batch.
+        """
         for device, event in batch:
-            kind = type(event)
-            if kind is Message:
-                comm = device.vcs.get(event.vc)
-                if comm is not None:
-                    comm._deliver(event.frames)
-            elif kind is SendDone:
-                if not event.token.done():
-                    event.token.set_result(None)
-            elif kind is DeviceLost:
-                self._lost(device, event)
-            elif device not in self._greeted:
-                if kind is Hello:
-                    self._greet(device, event.payload)
-                else:
-                    self._violation(device, f"{kind.__name__} before HELLO")
-            elif kind is Connect:
-                if device.listener is None:
-                    self._accepted(device, event.vc)
-                else:
-                    self._open_vc(device, event.vc)
-            elif kind is Close:
-                comm = device.vcs.get(event.vc)
-                if comm is not None:
-                    self._refused(device, event.vc)
-                    comm._closed_by_peer("closed by peer")
+            try:
+                self._dispatch(device, event)
+            except Exception:
+                logger.exception(
+                    "failed to handle %s from %s", type(event).__name__, device.peer_address
+                )
+
+    def _dispatch(self, device: Device, event: Any) -> None:
+        kind = type(event)
+        if kind is Message:
+            comm = device.vcs.get(event.vc)
+            if comm is not None:
+                comm._deliver(event.frames)
+        elif kind is SendDone:
+            if not event.token.done():
+                event.token.set_result(None)
+        elif kind is DeviceLost:
+            self._lost(device, event)
+        elif device not in self._greeted:
+            if kind is Hello:
+                self._greet(device, event.payload)
             else:
-                self._violation(device, "second HELLO")
+                self._violation(device, f"{kind.__name__} before HELLO")
+        elif kind is Connect:
+            if device.listener is None:
+                self._accepted(device, event.vc)
+            else:
+                self._open_vc(device, event.vc)
+        elif kind is Close:
+            comm = device.vcs.get(event.vc)
+            if comm is not None:
+                self._refused(device, event.vc)
+                comm._closed_by_peer("closed by peer")
+        else:
+            self._violation(device, "second HELLO")
 
     def _greet(self, device: Device, payload: bytes) -> None:
         try:
