@@ -72,22 +72,22 @@ class Limits:
     max_eager_bytes: int = 64 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Hello:
     payload: bytes
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Connect:
     vc: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Close:
     vc: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Message:
     vc: int
     seq: int
@@ -152,13 +152,15 @@ class OutgoingParcel:
     ) -> None:
         if fragment_size < 1:
             raise ValueError(f"fragment_size must be positive, got {fragment_size}")
-        views = [_as_bytes_view(f) for f in frames]
         sizes = []
         eager: list[memoryview] = []
         bulk: list[tuple[int, memoryview]] = []
-        budget = eager_budget - 8 * len(views)
-        for index, view in enumerate(views):
+        budget = eager_budget - 8 * len(frames)
+        nbytes = 0
+        for index, frame in enumerate(frames):
+            view = _as_bytes_view(frame)
             n = view.nbytes
+            nbytes += n
             if n and (n > eager_threshold or n > budget):
                 sizes.append(n | BULK)
                 bulk.append((index, view))
@@ -167,11 +169,11 @@ class OutgoingParcel:
                 budget -= n
                 if n:
                     eager.append(view)
-        header = HEADER.pack(MAGIC, VERSION, Kind.PARCEL, 0, vc, seq, len(views))
+        header = HEADER.pack(MAGIC, VERSION, Kind.PARCEL, 0, vc, seq, len(sizes))
         table = struct.pack(f"<{len(sizes)}Q", *sizes)
         self.vc = vc
         self.seq = seq
-        self.nbytes = sum(v.nbytes for v in views)
+        self.nbytes = nbytes
         self._head: list[Buffer] | None = [header + table, *eager]
         self._bulk = bulk
         self._fragment = fragment_size

@@ -25,7 +25,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from dask_lcicomm.parcel import Limits, ParcelDecoder, ProtocolError
@@ -64,19 +64,19 @@ class Raw:
         return [data]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SendDone:
     """The unit source queued with ``token`` has been handed to the fabric."""
 
     token: Any
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeviceLost:
     """The device is gone; ``tokens`` are the sends that will never finish."""
 
     reason: str
-    tokens: list[Any] = field(default_factory=list)
+    tokens: list[Any]
 
 
 class DeviceClosed(ConnectionError):
