@@ -151,14 +151,18 @@ def feed_chunks(dec: ParcelDecoder, data: bytes, chunk_sizes: list[int]) -> list
     return events
 
 
-def feed_buffered(dec: ParcelDecoder, data: bytes, rng: random.Random | None = None, on_buffer=None):
+def feed_buffered(
+    dec: ParcelDecoder, data: bytes, rng: random.Random | None = None, on_buffer=None, events=None
+):
     """The asyncio.BufferedProtocol loop: receive into get_buffer(), report the count.
 
     With ``rng``, each "recv" fills a random part of the buffer; otherwise as
     much as fits. ``on_buffer(pos, buf)`` sees every buffer handed out.
+    Decoded events are appended to ``events`` as they come, so that those
+    decoded before an error survive it.
     Each iteration writes at least one byte, so this cannot loop forever.
     """
-    events = []
+    events = [] if events is None else events
     pos = 0
     while pos < len(data):
         buf = dec.get_buffer()
@@ -214,19 +218,9 @@ def decode_untrusted(data: bytes, rng: random.Random | None, limits: Limits = SM
     events: list = []
     with no_hang():
         try:
-            # Feed the events one buffer at a time so that those decoded before an
-            # error are kept (buffer_updated raising loses only its own batch).
-            pos = 0
-            while pos < len(data):
-                buf = dec.get_buffer()
-                assert buf.nbytes > 0
-                on_buffer(pos, buf)
-                n = min(buf.nbytes, len(data) - pos)
-                if rng is not None:
-                    n = rng.randint(1, n)
-                buf[:n] = data[pos : pos + n]
-                pos += n
-                events += dec.buffer_updated(n)
+            # Events decoded before an error are kept (buffer_updated raising
+            # loses only its own batch).
+            feed_buffered(dec, data, rng, on_buffer, events)
         except ProtocolError as exc:
             assert str(exc)
             return norm(events), exc

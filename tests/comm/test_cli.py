@@ -33,18 +33,6 @@ CALL_TIMEOUT = 60  # any single client call
 STOP_TIMEOUT = 15  # SIGTERM -> exit, before SIGKILL
 
 
-@pytest.fixture(autouse=True)
-def _backend_registered():
-    """Fail fast (instead of gen_cluster retrying until its deadline) when the
-    backend for PROTOCOL cannot even be loaded."""
-    from distributed.comm.registry import get_backend
-
-    try:
-        get_backend(PROTOCOL)
-    except Exception as e:  # pragma: no cover - diagnostic only
-        pytest.fail(f"comm backend {PROTOCOL!r} unavailable: {e!r}")
-
-
 def _dask_command(sub: str) -> list[str]:
     """``dask scheduler`` / ``dask worker``, preferring the venv's entry point."""
     candidates = [os.path.join(os.path.dirname(sys.executable), "dask")]

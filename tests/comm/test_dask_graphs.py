@@ -12,6 +12,7 @@ beyond the address scheme.
 from __future__ import annotations
 
 import collections
+import contextlib
 import operator
 import os
 import signal
@@ -40,18 +41,6 @@ CLUSTER_CONFIG = {
     "distributed.comm.timeouts.connect": "20s",
     "distributed.scheduler.work-stealing": True,
 }
-
-
-@pytest.fixture(autouse=True)
-def _backend_registered():
-    """Fail fast (instead of gen_cluster retrying until its deadline) when the
-    backend for PROTOCOL cannot even be loaded."""
-    from distributed.comm.registry import get_backend
-
-    try:
-        get_backend(PROTOCOL)
-    except Exception as e:  # pragma: no cover - diagnostic only
-        pytest.fail(f"comm backend {PROTOCOL!r} unavailable: {e!r}")
 
 
 def _prefix() -> str:
@@ -209,9 +198,9 @@ async def test_gen_cluster_scatter_gather_numpy(c, s, a, b, nbytes):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=[True, False], ids=["processes", "threads"])
-def lci_client(request):
-    processes = request.param
+@contextlib.contextmanager
+def _local_cluster(processes: bool):
+    """A LocalCluster of two one-thread workers on PROTOCOL, and its client."""
     with dask.config.set(CLUSTER_CONFIG):
         with LocalCluster(
             protocol=PROTOCOL,
@@ -225,6 +214,12 @@ def lci_client(request):
             with Client(cluster, timeout=TIMEOUT) as client:
                 client.wait_for_workers(2, timeout=TIMEOUT)
                 yield cluster, client
+
+
+@pytest.fixture(params=[True, False], ids=["processes", "threads"])
+def lci_client(request):
+    with _local_cluster(processes=request.param) as (cluster, client):
+        yield cluster, client
 
 
 def _assert_lci_cluster(cluster, client):
@@ -364,63 +359,53 @@ def test_local_cluster_bag(lci_client):
 
 def test_worker_sigkill_mid_graph():
     n_tasks, delay = 60, 0.1
-    with dask.config.set(CLUSTER_CONFIG):
-        with LocalCluster(
-            protocol=PROTOCOL,
-            host=HOST,
-            processes=True,
-            n_workers=2,
-            threads_per_worker=1,
-            dashboard_address=":0",
-            scheduler_kwargs={"dashboard": False},
-        ) as cluster, Client(cluster, timeout=TIMEOUT) as client:
-            client.wait_for_workers(2, timeout=TIMEOUT)
-            assert cluster.scheduler_address.startswith(_prefix())
-            pids = client.run(os.getpid, wait=True)
-            assert len(pids) == 2
+    with _local_cluster(processes=True) as (cluster, client):
+        assert cluster.scheduler_address.startswith(_prefix())
+        pids = client.run(os.getpid, wait=True)
+        assert len(pids) == 2
 
-            squares = client.map(slow_square, range(n_tasks), delay=delay, pure=False)
-            # pairwise partial sums, so that results travel between workers
-            pairs = [
-                client.submit(add, squares[i], squares[i + 1], pure=False)
-                for i in range(0, n_tasks, 2)
-            ]
-            final = client.submit(total, *pairs, pure=False)
+        squares = client.map(slow_square, range(n_tasks), delay=delay, pure=False)
+        # pairwise partial sums, so that results travel between workers
+        pairs = [
+            client.submit(add, squares[i], squares[i + 1], pure=False)
+            for i in range(0, n_tasks, 2)
+        ]
+        final = client.submit(total, *pairs, pure=False)
 
-            # wait until the victim holds finished results but the graph is
-            # not done, so that the kill loses data and interrupts work
-            victim_addr = sorted(pids)[0]
-            deadline = time.monotonic() + TIMEOUT
-            while True:
-                who_has = client.who_has(squares)
-                on_victim = [k for k, ws in who_has.items() if victim_addr in ws]
-                if len(on_victim) >= 3:
-                    break
-                assert not final.done(), "graph finished before the kill"
-                assert time.monotonic() < deadline, "tasks never reached the victim"
-                time.sleep(0.02)
-            assert not final.done()
+        # wait until the victim holds finished results but the graph is
+        # not done, so that the kill loses data and interrupts work
+        victim_addr = sorted(pids)[0]
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            who_has = client.who_has(squares)
+            on_victim = [k for k, ws in who_has.items() if victim_addr in ws]
+            if len(on_victim) >= 3:
+                break
+            assert not final.done(), "graph finished before the kill"
+            assert time.monotonic() < deadline, "tasks never reached the victim"
+            time.sleep(0.02)
+        assert not final.done()
 
-            os.kill(pids[victim_addr], signal.SIGKILL)
+        os.kill(pids[victim_addr], signal.SIGKILL)
 
-            expected = sum(i * i for i in range(n_tasks))
-            assert final.result(timeout=TIMEOUT) == expected
-            assert client.gather(squares) == [i * i for i in range(n_tasks)]
+        expected = sum(i * i for i in range(n_tasks))
+        assert final.result(timeout=TIMEOUT) == expected
+        assert client.gather(squares) == [i * i for i in range(n_tasks)]
 
-            # the nanny restarted the worker process, on a new lci address
-            client.wait_for_workers(2, timeout=TIMEOUT)
-            deadline = time.monotonic() + TIMEOUT
-            while True:
-                new_pids = client.run(os.getpid, wait=True)
-                if len(new_pids) == 2:
-                    break
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-            assert pids[victim_addr] not in new_pids.values()
-            assert all(a.startswith(_prefix()) for a in new_pids)
+        # the nanny restarted the worker process, on a new lci address
+        client.wait_for_workers(2, timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            new_pids = client.run(os.getpid, wait=True)
+            if len(new_pids) == 2:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert pids[victim_addr] not in new_pids.values()
+        assert all(a.startswith(_prefix()) for a in new_pids)
 
-            # and the repaired cluster still computes across workers
-            again = client.map(inc, range(20), pure=False)
-            assert client.submit(total, *again).result(timeout=TIMEOUT) == sum(
-                range(1, 21)
-            )
+        # and the repaired cluster still computes across workers
+        again = client.map(inc, range(20), pure=False)
+        assert client.submit(total, *again).result(timeout=TIMEOUT) == sum(
+            range(1, 21)
+        )
