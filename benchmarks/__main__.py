@@ -25,12 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     comm = commands.add_parser(
         "comm",
         help="compare Dask comm backends side by side",
-        description="Measure Dask comms (distributed.comm listen/connect/read/write) for "
-        "several schemes in one run, alternating rounds between schemes, and print "
-        "the per-scheme medians.",
+        description="Measure Dask comms (distributed.comm listen/connect/read/write), "
+        "and the CPU time an idle LocalCluster burns, for several schemes in one run, "
+        "alternating rounds between schemes, and print the per-scheme medians.",
     )
     comm.add_argument("--quick", action="store_true",
-                      help="tiny budgets and 2 rounds: a smoke run of a few seconds")
+                      help="tiny budgets and 2 rounds: a smoke run of well under a minute "
+                      "(most of it starting idle clusters)")
     comm.add_argument("--schemes", type=_csv, default=["lci", "tcp"],
                       help="comma-separated schemes (default: lci,tcp; ucxx also works "
                       "if distributed_ucxx is installed)")

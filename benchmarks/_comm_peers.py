@@ -29,7 +29,7 @@ from distributed.comm import connect, listen
 from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
-from benchmarks._procs import ignore_sigint
+from benchmarks._procs import ignore_sigint, send_quietly
 
 SERIALIZERS = ("dask", "pickle")
 
@@ -45,24 +45,38 @@ class BenchSpec:
     ``duration_s`` seconds, whichever comes first (but runs at least once), so
     a slow backend yields a small sample instead of a hang.  ``timeout_s`` is
     the hard limit for the whole benchmark, connecting and warm-up included.
+    The ``idle`` kind is not a client kernel: the parent runs it itself
+    (:mod:`benchmarks._idle`), with ``duration_s`` as its idle window.
     """
 
     name: str
-    kind: str  # key of KERNELS
+    kind: str  # key of KERNELS, or "idle"
     payload_bytes: int
     duration_s: float
     max_count: int  # per comm (nchains: per chain)
     warmup: int  # untimed round trips per comm before measuring
     timeout_s: float
     chains: int = 1
+    settle_s: float = 0.0  # idle: untimed seconds between "cluster up" and measuring
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Raw result: ``count`` operations completed in ``seconds`` wall time."""
+    """Raw result: ``count`` operations completed in ``seconds`` wall time.
+
+    The idle benchmark counts processes instead of operations and adds the
+    ``cpu_seconds`` (user + system) they used in those ``seconds``.
+    """
 
     count: int
     seconds: float
+    cpu_seconds: float | None = None
+
+    def summary(self) -> str:
+        """The raw numbers, for the progress line."""
+        if self.cpu_seconds is None:
+            return f"{self.count} in {self.seconds:.2f} s"
+        return f"{self.cpu_seconds:.3f} CPU s by {self.count} processes in {self.seconds:.2f} s"
 
 
 # --------------------------------------------------------------------- server
@@ -74,7 +88,7 @@ def server_main(conn: Connection, scheme: str) -> None:
     try:
         asyncio.run(_serve(conn, scheme))
     except Exception:
-        _send_quietly(conn, ("failed", traceback.format_exc()))
+        send_quietly(conn, ("failed", traceback.format_exc()))
 
 
 async def _serve(conn: Connection, scheme: str) -> None:
@@ -270,11 +284,3 @@ KERNELS: dict[str, Callable[[str, BenchSpec], Awaitable[Measurement]]] = {
     "flood": flood,
     "nchains": nchains,
 }
-
-
-def _send_quietly(conn: Connection, message: tuple[Any, ...]) -> None:
-    """Report to the parent if it is still listening; it may have given up."""
-    try:
-        conn.send(message)
-    except (BrokenPipeError, EOFError, OSError):
-        pass

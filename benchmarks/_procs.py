@@ -4,7 +4,8 @@ Every peer runs in its own ``spawn``-ed process so that a backend's global
 state (progress threads, native runtimes) is fresh for each round and a crash
 or hang in one scheme cannot take the harness down with it.  The helpers here
 guarantee that a started process is always stopped again, escalating from a
-polite pipe close to ``terminate`` and finally ``kill``.
+polite pipe close to ``terminate`` and finally ``kill`` -- and so are the
+processes it started itself (e.g. the workers of a ``LocalCluster``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+import psutil
 
 _CTX = multiprocessing.get_context("spawn")
 
@@ -38,22 +41,29 @@ class PeerError(RuntimeError):
 
 
 @contextmanager
-def spawned(target: Callable[..., None], *args: Any, name: str) -> Iterator[Peer]:
+def spawned(
+    target: Callable[..., None], *args: Any, name: str, daemon: bool = True
+) -> Iterator[Peer]:
     """Run ``target(conn, *args)`` in a fresh process for the ``with`` body.
 
     The child gets its end of a duplex pipe as first argument.  On exit, the
     parent's end is closed first (peers treat EOF as "stop"), then the process
-    is joined with increasingly forceful means.
+    is joined with increasingly forceful means, and finally whatever it had
+    started and left behind is stopped too: a peer killed mid-way cannot clean
+    up its own children.  Pass ``daemon=False`` for a peer that starts
+    processes itself (``multiprocessing`` forbids daemons to have children).
     """
     parent_conn, child_conn = _CTX.Pipe()
-    process = _CTX.Process(target=target, args=(child_conn, *args), name=name, daemon=True)
+    process = _CTX.Process(target=target, args=(child_conn, *args), name=name, daemon=daemon)
     process.start()
     child_conn.close()  # only the child holds it now, so EOF is seen on its death
     try:
         yield Peer(process, parent_conn)
     finally:
+        descendants = _descendants(process.pid)  # before the child can die and orphan them
         parent_conn.close()
         _stop(process)
+        _stop_all(descendants)
 
 
 def _stop(process: BaseProcess) -> None:
@@ -66,6 +76,29 @@ def _stop(process: BaseProcess) -> None:
         process.join(_GRACE_S)
     if not process.is_alive():
         process.close()
+
+
+def _descendants(pid: int | None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except (psutil.NoSuchProcess, ValueError):  # ValueError: never started (pid None)
+        return []
+
+
+def _stop_all(processes: list[psutil.Process]) -> None:
+    """Give ``processes`` time to exit by themselves, then terminate, then kill.
+
+    ``psutil`` checks the creation time before signalling, so a pid recycled
+    in the meantime is never hit.
+    """
+    _, alive = psutil.wait_procs(processes, timeout=_GRACE_S)
+    for escalate in (psutil.Process.terminate, psutil.Process.kill):
+        for proc in alive:
+            try:
+                escalate(proc)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=_GRACE_S)
 
 
 def receive(peer: Peer, timeout_s: float) -> Any:
@@ -87,6 +120,31 @@ def receive(peer: Peer, timeout_s: float) -> Any:
         raise PeerError(
             f"{peer.process.name}: exited with code {peer.process.exitcode}"
         ) from exc
+
+
+def expect(peer: Peer, kind: str, timeout_s: float) -> Any:
+    """The payload of ``peer``'s next message, which must be ``(kind, payload)``.
+
+    Peers report a crash as ``("failed", traceback)``; its last line (the
+    exception) becomes the :class:`PeerError` message.
+    """
+    got, payload = receive(peer, timeout_s)
+    if got != kind:
+        raise PeerError(f"{peer.process.name} failed: {_last_line(str(payload))}")
+    return payload
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def send_quietly(conn: Connection, message: tuple[Any, ...]) -> None:
+    """Report to the parent if it is still listening; it may have given up."""
+    try:
+        conn.send(message)
+    except (BrokenPipeError, EOFError, OSError):
+        pass
 
 
 def ignore_sigint() -> None:

@@ -10,6 +10,10 @@ Why the harness is shaped the way it is:
   backend's process-global state cannot leak from one round into the next.
 * Every loop is bounded in both count and time, and every wait on a child is
   bounded too, so a broken backend yields an "error" cell, not a hang.
+* The ``idle`` benchmark is the exception to "comms only": it measures the CPU
+  time a whole idle ``LocalCluster`` burns on each scheme (see
+  :mod:`benchmarks._idle`), because a backend that is fast only by spinning
+  costs every other job on the node.
 
 This module holds no I/O to the terminal: :func:`run` reports progress through
 a callback and :func:`format_table` returns a string; the CLI prints.
@@ -32,7 +36,8 @@ import numpy
 from distributed.comm.registry import get_backend
 
 from benchmarks._comm_peers import BenchSpec, Measurement, client_main, server_main
-from benchmarks._procs import Peer, PeerError, receive, spawned
+from benchmarks._idle import IDLE_KIND, N_WORKERS, measure_idle
+from benchmarks._procs import Peer, PeerError, expect, receive, spawned
 
 MiB = 2**20
 
@@ -43,7 +48,7 @@ BASELINE = "tcp"
 STARTUP_TIMEOUT_S = 60.0
 
 #: Extra seconds beyond ``duration_s`` before a benchmark counts as hung
-#: (covers connecting, warm-up and one final slow iteration).
+#: (covers connecting, warm-up and one final slow iteration; idle: settling).
 _SLACK_S = {True: 15.0, False: 60.0}  # keyed by ``quick``
 
 
@@ -72,11 +77,20 @@ def _mib_per_second_both_ways(m: Measurement, spec: BenchSpec) -> float:
     return 2 * spec.payload_bytes * m.count / m.seconds / MiB
 
 
+#: Idle CPU time is reported per this many seconds of idleness.
+IDLE_PER_S = 10.0
+
+
+def _cpu_seconds_per_idle_period(m: Measurement, spec: BenchSpec) -> float:
+    return (m.cpu_seconds or 0.0) / m.seconds * IDLE_PER_S
+
+
 ROUND_TRIPS = Metric("rate", "round trips/s", True, _per_second)
 LATENCY = Metric("latency", "us/round trip", False, _microseconds_each)
 MESSAGES = Metric("rate", "messages/s", True, _per_second)
 ALL_CHAINS = Metric("rate", "round trips/s, all comms", True, _per_second)
 BANDWIDTH = Metric("bandwidth", "MiB/s, 2*size*n/t", True, _mib_per_second_both_ways)
+IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False, _cpu_seconds_per_idle_period)
 
 
 # ---------------------------------------------------------------------- suite
@@ -102,6 +116,7 @@ class _Plan:
     max_count: tuple[int, int]
     warmup: tuple[int, int]
     chains: int = 1
+    settle_s: float = 0.0
 
     def build(self, quick: bool) -> Benchmark:
         pick = 0 if quick else 1
@@ -113,8 +128,9 @@ class _Plan:
             duration_s=duration,
             max_count=self.max_count[pick],
             warmup=self.warmup[pick],
-            timeout_s=duration + _SLACK_S[quick],
+            timeout_s=self.settle_s + duration + _SLACK_S[quick],
             chains=self.chains,
+            settle_s=self.settle_s,
         )
         return Benchmark(spec, self.metrics)
 
@@ -130,6 +146,8 @@ _PLANS = (
           duration_s=(0.1, 1.0), max_count=(10, 50_000), warmup=(1, 5)),
     _Plan("pingpong-64MiB", "pingpong", 64 * MiB, (BANDWIDTH,),
           duration_s=(0.2, 2.0), max_count=(2, 1_000), warmup=(1, 1)),
+    _Plan("idle", IDLE_KIND, 0, (IDLE_CPU,), settle_s=2.0,
+          duration_s=(2.0, 10.0), max_count=(1, 1), warmup=(0, 0)),
 )
 
 BENCHMARK_NAMES = tuple(p.name for p in _PLANS)
@@ -267,12 +285,26 @@ def run(config: RunConfig, progress: Callable[[str], None] = lambda line: None) 
 def _run_round(
     config: RunConfig, scheme: str, round_index: int, on_outcome: Callable[[Outcome], None]
 ) -> None:
-    """Run every benchmark once for ``scheme``, reporting each as it finishes.
+    """Run every benchmark once for ``scheme``, reporting each as it finishes:
+    first the comm benchmarks (one server/client pair for all), then ``idle``
+    (its own cluster, started only once the comm peers are gone)."""
+    specs = [b.spec for b in config.benchmarks]
+    comm_specs = [s for s in specs if s.kind != IDLE_KIND]
+    if comm_specs:
+        _run_comm_specs(comm_specs, scheme, round_index, on_outcome)
+    for spec in specs:
+        if spec.kind == IDLE_KIND:
+            on_outcome(_run_idle(spec, scheme, round_index))
+
+
+def _run_comm_specs(
+    specs: list[BenchSpec], scheme: str, round_index: int, on_outcome: Callable[[Outcome], None]
+) -> None:
+    """Run the comm benchmarks in one server/client pair of processes.
 
     A peer that dies or stops answering turns all of its remaining benchmarks
     into errors; the processes are torn down in every case.
     """
-    specs = [b.spec for b in config.benchmarks]
     finished = 0
     try:
         with (
@@ -291,12 +323,17 @@ def _run_round(
             on_outcome(Outcome(spec.name, scheme, round_index, error=str(exc)))
 
 
+def _run_idle(spec: BenchSpec, scheme: str, round_index: int) -> Outcome:
+    try:
+        measurement = measure_idle(scheme, spec, STARTUP_TIMEOUT_S)
+    except PeerError as exc:
+        return Outcome(spec.name, scheme, round_index, error=str(exc))
+    return Outcome(spec.name, scheme, round_index, measurement=measurement)
+
+
 def _await_server(server: Peer) -> str:
     """Return the server's contact address once it listens."""
-    message = receive(server, STARTUP_TIMEOUT_S)
-    if message[0] != "ready":
-        raise PeerError(f"server failed to start: {_last_line(message[1])}")
-    return message[1]
+    return expect(server, "ready", STARTUP_TIMEOUT_S)
 
 
 def _to_outcome(
@@ -323,7 +360,7 @@ def _progress_line(config: RunConfig, outcome: Outcome) -> str:
     metric = bench.metrics[0]
     m = outcome.measurement
     value = metric.compute(m, bench.spec)
-    return f"{head} {format_number(value)} {metric.unit} ({m.count} in {m.seconds:.2f} s)"
+    return f"{head} {format_number(value)} {metric.unit} ({m.summary()})"
 
 
 # ------------------------------------------------------------------ reporting
@@ -411,6 +448,8 @@ def _footnotes(report: Report) -> list[str]:
             f"Ratios: <scheme>/{BASELINE} of the medians, >1 means <scheme> is better "
             f"(for lower-is-better metrics the ratio is {BASELINE}/<scheme>)."
         )
+    notes.extend(_idle_footnote(bench.spec) for bench in config.benchmarks
+                 if bench.spec.kind == IDLE_KIND)
     for scheme, status in report.status.items():
         if not status.available:
             notes.append(f"{scheme}: {status.label}: {status.detail}")
@@ -418,6 +457,17 @@ def _footnotes(report: Report) -> list[str]:
         where = f"{failure.scheme} {failure.benchmark} round {failure.round + 1}"
         notes.append(f"{where} failed: {failure.error}")
     return notes
+
+
+def _idle_footnote(spec: BenchSpec) -> str:
+    return (
+        f"{spec.name}: CPU seconds (user+sys) of a whole idle LocalCluster(protocol=<scheme>, "
+        f"n_workers={N_WORKERS}, processes=True) plus Client, i.e. of its process tree "
+        f"(scheduler, client and nannies in one process, one process per worker), over "
+        f"{spec.duration_s:g} s after {spec.settle_s:g} s of settling, scaled to "
+        f"{IDLE_PER_S:g} s; lower is better, so the ratio is {BASELINE}/<scheme>: "
+        f">1 means <scheme> burns less CPU while idle."
+    )
 
 
 def to_json(report: Report) -> dict[str, Any]:
@@ -446,6 +496,7 @@ def to_json(report: Report) -> dict[str, Any]:
                 "round": o.round,
                 "count": o.measurement.count if o.measurement else None,
                 "seconds": o.measurement.seconds if o.measurement else None,
+                "cpu_seconds": o.measurement.cpu_seconds if o.measurement else None,
                 "error": o.error,
             }
             for o in report.outcomes
@@ -488,8 +539,3 @@ def _environment() -> dict[str, Any]:
 
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else text

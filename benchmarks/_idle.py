@@ -1,0 +1,201 @@
+"""The ``idle`` benchmark: CPU time burnt by a small Dask cluster doing nothing.
+
+A comm backend can win every throughput benchmark by busy-polling its network
+and still be a bad citizen on a shared node, where an idle cluster should cost
+next to nothing.  So this benchmark starts a real ``LocalCluster`` (scheduler,
+client and nannies in one child process, one process per worker below it) on
+the scheme under test, waits until it is quiet, and measures the CPU time of
+that whole process tree over an idle window.
+
+The measuring happens in the parent, from outside the tree, so that it is not
+counted itself; the child just keeps the cluster up until told to stop.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from multiprocessing.connection import Connection
+from time import monotonic
+from typing import Any
+
+import psutil
+
+from benchmarks._comm_peers import BenchSpec, Measurement
+from benchmarks._procs import Peer, PeerError, expect, ignore_sigint, send_quietly, spawned
+
+IDLE_KIND = "idle"
+
+N_WORKERS = 2
+
+#: Seconds between samples of the process tree.  A process that exits during
+#: the window loses at most this much of its CPU time (see :class:`TreeCpu`).
+SAMPLE_INTERVAL_S = 0.5
+
+
+# ---------------------------------------------------------------------- child
+
+
+def cluster_main(conn: Connection, scheme: str, n_workers: int, timeout_s: float) -> None:
+    """Process entry point: keep a cluster up and answer "which workers?".
+
+    Sends ``("ready", workers)`` once ``n_workers`` are connected, then
+    ``("workers", workers)`` per request, until the parent closes the pipe;
+    ``("failed", traceback)`` if anything goes wrong.
+    """
+    ignore_sigint()
+    try:
+        _serve_cluster(conn, scheme, n_workers, timeout_s)
+    except Exception:
+        send_quietly(conn, ("failed", traceback.format_exc()))
+
+
+def _serve_cluster(conn: Connection, scheme: str, n_workers: int, timeout_s: float) -> None:
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            protocol=scheme,
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(n_workers, timeout=timeout_s)
+        conn.send(("ready", _workers(client)))
+        while _next_request(conn):
+            conn.send(("workers", _workers(client)))
+
+
+def _workers(client: Any) -> list[str]:
+    """Worker addresses as the scheduler sees them, asked over the comm itself."""
+    return sorted(client.nthreads())
+
+
+def _next_request(conn: Connection) -> bool:
+    """Block (idle: no CPU) until the parent asks something; False on EOF."""
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------- parent
+
+
+def measure_idle(scheme: str, spec: BenchSpec, startup_timeout_s: float) -> Measurement:
+    """Start a cluster on ``scheme``, let it settle, measure its idle CPU time.
+
+    Bounded in wall time by ``startup_timeout_s + spec.timeout_s`` plus the
+    teardown of :func:`benchmarks._procs.spawned`, which also stops the
+    cluster's processes if the child cannot.  Raises :class:`PeerError` if the
+    cluster fails, or if its workers changed during the window (a reconnect or
+    restart would make the CPU time meaningless).
+    """
+    with spawned(
+        cluster_main, scheme, N_WORKERS, startup_timeout_s / 2,  # child times out first
+        name=f"{scheme}-cluster", daemon=False,  # it starts worker processes
+    ) as cluster:
+        workers = expect(cluster, "ready", startup_timeout_s)
+        deadline = monotonic() + spec.timeout_s
+        time.sleep(spec.settle_s)
+        measurement = _measure_tree(cluster, spec.duration_s, deadline)
+        after = _ask_workers(cluster, deadline)
+        if after != workers:
+            raise PeerError(
+                f"{cluster.process.name}: workers changed during the idle window "
+                f"({', '.join(workers)} -> {', '.join(after)})"
+            )
+    return measurement
+
+
+def _ask_workers(cluster: Peer, deadline: float) -> list[str]:
+    try:
+        cluster.conn.send("workers")
+    except OSError as exc:
+        raise PeerError(f"{cluster.process.name}: pipe broken ({exc})") from exc
+    return expect(cluster, "workers", deadline - monotonic())
+
+
+def _measure_tree(cluster: Peer, window_s: float, deadline: float) -> Measurement:
+    """Sample the child's process tree every :data:`SAMPLE_INTERVAL_S` over
+    ``window_s``; the cluster must stay up throughout."""
+    try:
+        meter = TreeCpu(psutil.Process(cluster.process.pid))
+    except psutil.NoSuchProcess as exc:
+        raise PeerError(f"{cluster.process.name}: exited before the idle window") from exc
+    end = meter.started + window_s
+    while True:
+        _check_up(cluster, deadline)
+        if meter.sampled >= end:
+            break
+        time.sleep(max(0.0, min(SAMPLE_INTERVAL_S, end - monotonic())))
+        meter.sample()
+    return Measurement(meter.processes, meter.seconds, cpu_seconds=meter.cpu_seconds)
+
+
+def _check_up(cluster: Peer, deadline: float) -> None:
+    if not cluster.process.is_alive():
+        raise PeerError(f"{cluster.process.name}: exited during the idle window")
+    if monotonic() > deadline:
+        raise PeerError(f"{cluster.process.name}: sampling overran the idle window")
+
+
+_Key = tuple[int, float]  # (pid, creation time): a recycled pid is a new process
+
+
+class TreeCpu:
+    """CPU time (user + system) of a process and all its descendants since
+    construction (the first sample) up to the latest :meth:`sample`.
+
+    A process first seen after the first sample counts from zero: all of its
+    CPU time falls into the window.  One that disappears keeps its last sampled
+    value, losing at most one sample interval -- a dead process can no longer
+    be asked, and its parent's ``children_*`` times cannot be attributed (nor
+    are they counted for anyone, so nothing is counted twice).
+    """
+
+    def __init__(self, root: psutil.Process) -> None:
+        self._root = root
+        self._first: dict[_Key, float] = {}
+        self._latest: dict[_Key, float] = {}
+        self.started = self.sampled = monotonic()
+        self._record(baseline=True)
+
+    def sample(self) -> None:
+        self.sampled = monotonic()
+        self._record(baseline=False)
+
+    def _record(self, baseline: bool) -> None:
+        for proc in self._tree():
+            try:
+                key = (proc.pid, proc.create_time())
+                times = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # gone since listed: its last sample stands
+            cpu = times.user + times.system
+            self._first.setdefault(key, cpu if baseline else 0.0)
+            self._latest[key] = cpu
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return [self._root, *self._root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    @property
+    def processes(self) -> int:
+        """How many processes were seen at all."""
+        return len(self._latest)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time between the first and the latest sample."""
+        return self.sampled - self.started
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._latest[key] - self._first[key] for key in self._latest)
