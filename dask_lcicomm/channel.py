@@ -39,7 +39,7 @@ class Channel:
     async def _open(self, host: str, port: int) -> list[Device]:
         n = self.port.settings.ndevices
         results = await asyncio.gather(
-            *(self.port.open_device(host, port, i, n) for i in range(n)), return_exceptions=True
+            *(self.port.open_device(host, port, i) for i in range(n)), return_exceptions=True
         )
         devices = [r for r in results if isinstance(r, Device)]
         errors = [r for r in results if isinstance(r, BaseException)]

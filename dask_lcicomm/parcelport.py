@@ -87,11 +87,11 @@ class Parcelport:
             nthreads=settings.progress_threads,
             poll_interval=settings.poll_interval,
         )
-        self.identity = {"pid": os.getpid(), "host": socket.gethostname(), "token": os.urandom(8).hex()}
+        self.identity = {"pid": os.getpid(), "host": socket.gethostname()}
         self._channels: dict[str, Channel] = {}
         self._devices: set[Device] = set()
         self._listeners: set[LCIListener] = set()
-        self._hellos: dict[Device, asyncio.Future[dict[str, Any]]] = {}
+        self._hellos: dict[Device, asyncio.Future[None]] = {}
         self._greeted: set[Device] = set()
         self._accepts: dict[tuple[Device, int], asyncio.Future[None]] = {}
         self._unflushed: dict[Device, None] = {}
@@ -144,7 +144,7 @@ class Parcelport:
             logger.info("dropping connection accepted by %s: %s", listener.contact_address, e)
             sock.close()
 
-    async def open_device(self, host: str, port: int, index: int, ndevices: int) -> Device:
+    async def open_device(self, host: str, port: int, index: int) -> Device:
         """Connect one device of a channel and exchange greetings."""
         sock = await open_connection(host, port)
         device = self._new_device(sock, index, None)
@@ -152,7 +152,7 @@ class Parcelport:
         self._hellos[device] = hello
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
         try:
-            self.send(device, 0, Raw(self._hello(device=index, ndevices=ndevices)))
+            self.send(device, 0, Raw(self._hello()))
             await asyncio.wait_for(asyncio.shield(hello), timeout)
         except BaseException:
             self._close_device(device)
@@ -186,8 +186,8 @@ class Parcelport:
             device.flush()
         self.completion.flush()
 
-    def _hello(self, **extra: Any) -> bytes:
-        return encode_hello(json.dumps({**self.identity, **extra}).encode())
+    def _hello(self) -> bytes:
+        return encode_hello(json.dumps(self.identity).encode())
 
     def _close_device(self, device: Device) -> None:
         self.engine.remove(device)
@@ -290,10 +290,11 @@ class Parcelport:
             self._violation(device, f"malformed HELLO: {e}")
             return
         self._greeted.add(device)
+        device.peer_info = {key: info.get(key) for key in ("pid", "host")}
         hello = self._hellos.pop(device, None)
         if hello is not None:
             if not hello.done():
-                hello.set_result(info)
+                hello.set_result(None)
             return
         try:
             self.send(device, 0, Raw(self._hello()))

@@ -60,7 +60,14 @@ class LCIComm(Comm):
 
     @property
     def extra_info(self) -> dict[str, Any]:
-        return {"provider": self._device.provider, "device": self._device.index, "vc": self._vc}
+        device = self._device
+        return {
+            "provider": device.provider,
+            "device": device.index,
+            "vc": self._vc,
+            "peer_pid": device.peer_info.get("pid"),
+            "peer_host": device.peer_info.get("host"),
+        }
 
     def closed(self) -> bool:
         return self._closed or (self._peer_closed is not None and not self._inbox)

@@ -117,6 +117,7 @@ class Device(ABC):
         self.index = 0
         self.local_address = ""
         self.peer_address = ""
+        self.peer_info: dict[str, Any] = {}
         self.vcs: dict[int, Any] = {}
         self.listener: Any = None
         self.channel: Any = None
