@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks of lci:// (not needed at run time)."""

@@ -1,0 +1,47 @@
+"""lci:// between simulated hosts: a scheduler and a worker on host A, a
+worker on host B, in network namespaces on a private bridge, and a client in
+the root namespace. Data moves both ways across the (virtual) network.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from cli_cluster import CALL_TIMEOUT, Procs, start_cluster
+from dask_lcicomm.testing.netns import unavailable, virtual_hosts
+
+_reason = unavailable()
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no simulated hosts: {_reason}")
+
+NBYTES = 6 << 20
+
+
+def test_graph_moves_data_both_ways_between_hosts(tmp_path):
+    with virtual_hosts(2) as (a, b):
+        procs = Procs(tmp_path)
+        try:
+            address = start_cluster(
+                procs, "lci", a.address, [a.address, b.address], netns={h.address: h for h in (a, b)}
+            )
+            assert address.startswith(f"lci://{a.address}:")
+            with Client(address, timeout=CALL_TIMEOUT) as client:
+                workers = sorted(client.scheduler_info()["workers"])
+                on_a = [w for w in workers if w.startswith(f"lci://{a.address}:")]
+                on_b = [w for w in workers if w.startswith(f"lci://{b.address}:")]
+                assert len(on_a) == len(on_b) == 1, workers
+
+                for src, dst in ((on_a, on_b), (on_b, on_a)):
+                    x = client.submit(np.full, NBYTES, 7, dtype="u1", workers=src, pure=False)
+                    total = client.submit(np.sum, x, workers=dst, allow_other_workers=False)
+                    assert total.result(timeout=CALL_TIMEOUT) == 7 * NBYTES
+                    assert client.who_has([total])[total.key] == tuple(dst)
+                    gathered = x.result(timeout=CALL_TIMEOUT)
+                    assert gathered.nbytes == NBYTES and int(gathered[-1]) == 7
+            procs.check_alive()
+        except BaseException:
+            print(procs.logs())
+            raise
+        finally:
+            procs.stop()
