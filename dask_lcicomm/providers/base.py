@@ -3,10 +3,10 @@
 A device moves parcels between two parcelports. Its verbs are ``put``, which
 queues a parcel for a virtual connection, and ``flush``, which sends what is
 queued on the calling thread as far as the fabric takes it without waiting;
-what cannot be sent now is left to progress. On the
-receiving side progress writes bytes where the parcel decoder says they
-belong and reports every arrival to the completion object; nothing is ever
-received because someone asked for it (LCI's one-sided model).
+what cannot be sent now is left to progress. On the receiving side progress
+writes bytes where the parcel decoder says they belong and reports every
+arrival to the completion object; nothing is ever received because someone
+asked for it (LCI's one-sided model).
 
 Sending interleaves the *units* of parcels (see :mod:`dask_lcicomm.parcel`)
 of different virtual connections round-robin, one unit at a time, so a large
@@ -14,8 +14,9 @@ frame never holds small parcels of other comms behind it for its whole
 length. With aggregation on, units queued while the device was busy leave
 together in one system call.
 
-A provider implements three primitives: :meth:`Device._transmit`,
-:meth:`Device._receive_into` and :meth:`Device._close_transport`.
+A provider implements the transport primitives: :meth:`Device.fileno`,
+:meth:`Device._transmit`, :meth:`Device._receive_into`,
+:meth:`Device._shutdown` and :meth:`Device._close_transport`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from dask_lcicomm.parcel import Limits, ParcelDecoder, ProtocolError
+
+if TYPE_CHECKING:
+    from dask_lcicomm.progress.completion import Completion
 
 logger = logging.getLogger("dask_lcicomm.providers")
 
@@ -90,7 +94,7 @@ class Device(ABC):
 
     def __init__(
         self,
-        completion: Any,
+        completion: Completion,
         want_write: Callable[[Device], None],
         limits: Limits,
         aggregation: bool,
