@@ -51,6 +51,15 @@ def _non_negative(key: str, value: int) -> int:
     return value
 
 
+def _flag(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if str(value).strip().lower() in words:
+        return words[str(value).strip().lower()]
+    raise ValueError(f"{PREFIX}.{key} must be true or false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     """A validated snapshot of ``distributed.comm.lci``."""
@@ -74,7 +83,10 @@ class Settings:
         """Read and validate the current Dask configuration."""
         # Merged over the shipped defaults: a configuration snapshot taken
         # before this package was imported (test harnesses do) lacks them.
-        c = {**DEFAULTS, **dask.config.get(PREFIX, default={})}
+        # Keys are normalised to hyphens: a DASK_..._EAGER_THRESHOLD variable
+        # read before the defaults were registered arrives as eager_threshold.
+        user = dask.config.get(PREFIX, default={})
+        c = {**DEFAULTS, **{key.replace("_", "-"): value for key, value in user.items()}}
 
         def nbytes(key: str) -> int:
             return int(parse_bytes(c[key]) if isinstance(c[key], str) else c[key])
@@ -94,7 +106,7 @@ class Settings:
             providers=providers,
             eager_threshold=_non_negative("eager-threshold", nbytes("eager-threshold")),
             fragment_size=_positive("fragment-size", nbytes("fragment-size")),
-            aggregation=bool(c["aggregation"]),
+            aggregation=_flag("aggregation", c["aggregation"]),
             write_high_water=_positive("write-high-water", nbytes("write-high-water")),
             max_message_bytes=nbytes("max-message-bytes"),
             max_frames=_positive("max-frames", int(c["max-frames"])),

@@ -1,0 +1,71 @@
+"""Configuration: shipped defaults, Dask overrides, environment variables, validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dask
+import pytest
+
+from dask_lcicomm.config import Settings
+
+_PRINT_SETTINGS = (
+    "import dataclasses, json; from dask_lcicomm.config import Settings; "
+    "print(json.dumps(dataclasses.asdict(Settings.from_config())))"
+)
+
+
+def test_defaults_come_from_the_shipped_yaml():
+    settings = Settings.from_config()
+    assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
+    assert settings.eager_threshold == 64 * 1024
+    assert settings.providers == ("tcp",)
+
+
+def test_dask_config_overrides():
+    with dask.config.set(
+        {"distributed.comm.lci.ndevices": 3, "distributed.comm.lci.eager-threshold": "1KiB"}
+    ):
+        settings = Settings.from_config()
+    assert (settings.ndevices, settings.eager_threshold) == (3, 1024)
+
+
+@pytest.mark.parametrize(
+    "variable, value, field, expected",
+    [
+        ("PROGRESS", "thread", "progress", "thread"),
+        ("PROGRESS_THREADS", "3", "progress_threads", 3),
+        ("EAGER_THRESHOLD", "0", "eager_threshold", 0),
+        ("FRAGMENT_SIZE", "4MiB", "fragment_size", 4 << 20),
+        ("MAX_MESSAGE_BYTES", "1GiB", "max_message_bytes", 1 << 30),
+        ("AGGREGATION", "false", "aggregation", False),
+    ],
+)
+def test_environment_variables_override(variable, value, field, expected):
+    env = {**os.environ, f"DASK_DISTRIBUTED__COMM__LCI__{variable}": value}
+    out = subprocess.run(
+        [sys.executable, "-c", _PRINT_SETTINGS], env=env, capture_output=True, text=True,
+        check=True, timeout=60,
+    ).stdout
+    assert json.loads(out)[field] == expected
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("progress", "busy", "progress"),
+        ("completion", "maybe", "completion"),
+        ("providers", ["carrier-pigeon"], "providers"),
+        ("ndevices", 0, "ndevices"),
+        ("eager-threshold", -1, "eager-threshold"),
+        ("fragment-size", 0, "fragment-size"),
+        ("aggregation", "sometimes", "aggregation"),
+    ],
+)
+def test_invalid_values_are_refused(key, value, message):
+    with dask.config.set({f"distributed.comm.lci.{key}": value}):
+        with pytest.raises(ValueError, match=message):
+            Settings.from_config()
