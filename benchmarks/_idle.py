@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from time import monotonic
 from typing import Any
@@ -86,8 +87,17 @@ def _next_request(conn: Connection) -> bool:
 # --------------------------------------------------------------------- parent
 
 
-def measure_idle(scheme: str, spec: BenchSpec, startup_timeout_s: float) -> Measurement:
+def measure_idle(
+    scheme: str,
+    spec: BenchSpec,
+    startup_timeout_s: float,
+    dask_config: Mapping[str, Any] | None = None,
+    label: str | None = None,
+) -> Measurement:
     """Start a cluster on ``scheme``, let it settle, measure its idle CPU time.
+
+    ``dask_config`` reaches every process of the cluster (a configuration
+    variant); ``label`` names the child process in errors (default: scheme).
 
     Bounded in wall time by ``startup_timeout_s + spec.timeout_s`` plus the
     teardown of :func:`benchmarks._procs.spawned`, which also stops the
@@ -97,7 +107,8 @@ def measure_idle(scheme: str, spec: BenchSpec, startup_timeout_s: float) -> Meas
     """
     with spawned(
         cluster_main, scheme, N_WORKERS, startup_timeout_s / 2,  # child times out first
-        name=f"{scheme}-cluster", daemon=False,  # it starts worker processes
+        name=f"{label or scheme}-cluster", dask_config=dask_config,
+        daemon=False,  # it starts worker processes
     ) as cluster:
         workers = expect(cluster, "ready", startup_timeout_s)
         deadline = monotonic() + spec.timeout_s

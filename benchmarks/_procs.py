@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,11 +42,17 @@ class PeerError(RuntimeError):
 
 @contextmanager
 def spawned(
-    target: Callable[..., None], *args: Any, name: str, daemon: bool = True
+    target: Callable[..., None],
+    *args: Any,
+    name: str,
+    daemon: bool = True,
+    dask_config: Mapping[str, Any] | None = None,
 ) -> Iterator[Peer]:
     """Run ``target(conn, *args)`` in a fresh process for the ``with`` body.
 
-    The child gets its end of a duplex pipe as first argument.  On exit, the
+    The child gets its end of a duplex pipe as first argument, and
+    ``dask_config`` (dotted keys) on top of its Dask configuration (see
+    :func:`_with_dask_config`).  On exit, the
     parent's end is closed first (peers treat EOF as "stop"), then the process
     is joined with increasingly forceful means, and finally whatever it had
     started and left behind is stopped too: a peer killed mid-way cannot clean
@@ -54,7 +60,10 @@ def spawned(
     processes itself (``multiprocessing`` forbids daemons to have children).
     """
     parent_conn, child_conn = _CTX.Pipe()
-    process = _CTX.Process(target=target, args=(child_conn, *args), name=name, daemon=daemon)
+    process = _CTX.Process(
+        target=_with_dask_config, args=(dict(dask_config or {}), target, child_conn, *args),
+        name=name, daemon=daemon,
+    )
     process.start()
     child_conn.close()  # only the child holds it now, so EOF is seen on its death
     try:
@@ -64,6 +73,26 @@ def spawned(
         parent_conn.close()
         _stop(process)
         _stop_all(descendants)
+
+
+def _with_dask_config(
+    overrides: dict[str, Any], target: Callable[..., None], conn: Connection, *args: Any
+) -> None:
+    """Child side of :func:`spawned`: apply ``overrides``, then run ``target``.
+
+    Not ``DASK_*`` environment variables: Dask reads those when it is
+    imported, before a backend registers its defaults, so a hyphenated knob
+    such as ``eager-threshold`` arrives spelled ``eager_threshold`` -- which
+    a backend reading the hyphenated key does not see.  A dotted key given to
+    :func:`dask.config.set` is stored as spelled, whatever the import order.
+    Processes the child starts itself (``LocalCluster`` workers) get the
+    overrides from their nanny, which hands its whole configuration down.
+    """
+    if overrides:
+        import dask.config
+
+        dask.config.set(overrides)  # process-wide: never exited
+    target(conn, *args)
 
 
 def _stop(process: BaseProcess) -> None:

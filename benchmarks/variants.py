@@ -1,0 +1,216 @@
+"""Ablation of the lci:// backend: the default configuration with one knob
+switched at a time, as in the LCI paper's design-choice study.
+
+Each variant is just another :class:`~benchmarks._harness.Configuration`:
+scheme ``lci`` plus ``distributed.comm.lci.<knob>`` set with
+``dask.config.set`` in both peers (not as ``DASK_*`` variables, see
+:func:`benchmarks._procs._with_dask_config`).  The default ``lci`` and ``tcp``
+take part in the very same run,
+with rounds alternating among all of them, so every ratio compares numbers
+taken under the same machine state.
+
+Budget: with 12 configurations a round is long, so the timed windows are
+:data:`DURATION_SCALE` times those of ``comm`` (0.5 s per benchmark, 1 s for
+64 MiB) and the default is 7 rounds: about 7.5 minutes on 2 cores (a round
+of all 12 configurations takes ~65 s, ~2.5 s of each being process
+start-up).  ``--quick`` runs a single round of ``comm``'s quick budgets
+(~30 s): a smoke test whose ratios mean nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks import _harness
+from benchmarks._harness import (
+    COMM_BENCHMARK_NAMES,
+    Benchmark,
+    Configuration,
+    Report,
+    RunConfig,
+    run,
+)
+from benchmarks._idle import IDLE_KIND
+from benchmarks.comm import idle_footnote
+
+__all__ = ["VARIANTS", "VARIANT_NAMES", "make_config", "run", "format_table", "to_json"]
+
+#: The configuration every variant is compared with: lci as shipped.
+DEFAULT = Configuration.of_scheme("lci")
+
+#: The reference point the paper compares against, in the same run.
+TCP = Configuration.of_scheme("tcp")
+
+#: Timed windows relative to ``comm``'s full budgets (see the module docstring).
+DURATION_SCALE = 0.5
+
+#: Rounds when ``--rounds`` is not given, as ``(quick, full)``: on a noisy
+#: machine a median over more short rounds beats one over fewer long ones.
+DEFAULT_ROUNDS = (1, 7)
+
+
+#: Where the lci:// knobs live in Dask's configuration.
+LCI_CONFIG = "distributed.comm.lci"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The default lci configuration with ``knobs`` (keys under
+    :data:`LCI_CONFIG`, typed values as YAML would give them) switched."""
+
+    name: str
+    knobs: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, name: str, knobs: Mapping[str, Any]) -> Variant:
+        return cls(name, tuple(knobs.items()))
+
+    @property
+    def setting(self) -> str:
+        """The knobs as a reader would write them in lci.yaml."""
+        return " ".join(f"{key}={_yaml(value)}" for key, value in self.knobs)
+
+    @property
+    def dask_config(self) -> dict[str, Any]:
+        """The knobs as dotted keys for :func:`dask.config.set`."""
+        return {f"{LCI_CONFIG}.{key}": value for key, value in self.knobs}
+
+    def configuration(self) -> Configuration:
+        return Configuration(self.name, DEFAULT.scheme, tuple(self.dask_config.items()))
+
+
+def _yaml(value: Any) -> str:
+    """``False`` -> ``false``: booleans as YAML spells them."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+VARIANTS = (
+    Variant.of("thread", {"progress": "thread"}),
+    Variant.of("thread-2", {"progress": "thread", "progress-threads": 2}),
+    Variant.of("sync", {"completion": "sync"}),
+    Variant.of("ndevices-2", {"ndevices": 2}),
+    Variant.of("ndevices-4", {"ndevices": 4}),
+    Variant.of("no-aggregation", {"aggregation": False}),
+    Variant.of("eager-0", {"eager-threshold": 0}),
+    Variant.of("eager-1MiB", {"eager-threshold": "1MiB"}),
+    Variant.of("fragment-256KiB", {"fragment-size": "256KiB"}),
+    Variant.of("fragment-4MiB", {"fragment-size": "4MiB"}),
+)
+
+VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+
+
+def select_variants(names: Iterable[str] | None) -> list[Variant]:
+    """The named variants in their canonical order (all if ``names`` is None)."""
+    wanted = set(names) if names else set(VARIANT_NAMES)
+    unknown = wanted - set(VARIANT_NAMES)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; known: {VARIANT_NAMES}")
+    return [v for v in VARIANTS if v.name in wanted]
+
+
+def make_config(
+    names: Iterable[str] | None = None,
+    quick: bool = False,
+    rounds: int | None = None,
+    only: Iterable[str] | None = None,
+) -> RunConfig:
+    """Default lci, tcp and the selected variants; by default the comm
+    benchmarks only (``idle`` can be asked for, at ~15 s per configuration)."""
+    variants = select_variants(names)
+    return _harness.make_run_config(
+        [DEFAULT, TCP, *(v.configuration() for v in variants)],
+        quick=quick,
+        rounds=rounds or DEFAULT_ROUNDS[not quick],
+        only=only,
+        default_benchmarks=COMM_BENCHMARK_NAMES,
+        duration_scale=1.0 if quick else DURATION_SCALE,
+    )
+
+
+# ------------------------------------------------------------------ reporting
+
+
+def _settings(config: RunConfig) -> dict[str, str]:
+    """What each row changed relative to the default, by label."""
+    by_name = {v.name: v.setting for v in VARIANTS}
+    return {
+        label: by_name.get(label, f"{TCP.scheme}:// instead of {DEFAULT.scheme}://")
+        for label in config.labels
+        if label != DEFAULT.label
+    }
+
+
+def format_table(report: Report) -> str:
+    """One row per variant (and tcp), one column per benchmark headline
+    metric; cells are ratios to the default lci, whose absolute medians form
+    the first row."""
+    config = report.config
+    benches = config.benchmarks
+    header = ["variant", "setting", *(b.spec.name for b in benches)]
+    units = ["", "", *(b.metrics[0].unit for b in benches)]
+    absolute = [f"{DEFAULT.label} (default)", "absolute medians",
+                *(_absolute_cell(report, b) for b in benches)]
+    spread = [f"{DEFAULT.label} (default)", "spread: max/min of its rounds",
+              *(_spread_cell(report, b) for b in benches)]
+    rows = [
+        [label, setting, *(_ratio_cell(report, b, label) for b in benches)]
+        for label, setting in _settings(config).items()
+    ]
+    table = _harness.align([header, units, absolute, spread, *rows], label_columns=2,
+                           rules=(2, 4))
+    return "\n".join([*table, "", *_footnotes(report)])
+
+
+def _absolute_cell(report: Report, bench: Benchmark) -> str:
+    """The default lci's median of the benchmark's headline metric."""
+    return _harness.median_cell(report, bench, bench.metrics[0], DEFAULT.label)
+
+
+def _spread_cell(report: Report, bench: Benchmark) -> str:
+    """How far apart the default lci's own rounds lie: ratios closer to 1
+    than this are within the noise of the machine."""
+    values = [v for v in report.values(bench, bench.metrics[0], DEFAULT.label) if v]
+    return _harness.format_ratio(max(values) / min(values) if len(values) > 1 else None)
+
+
+def _ratio_cell(report: Report, bench: Benchmark, label: str) -> str:
+    """``label`` against the default lci on the benchmark's headline metric."""
+    ratio = report.ratio(bench, bench.metrics[0], label, DEFAULT.label)
+    return _harness.format_ratio(ratio)
+
+
+def _footnotes(report: Report) -> list[str]:
+    config = report.config
+    explanations = [
+        f"Cells: <row>/{DEFAULT.label} of the medians of each benchmark's headline metric "
+        f"(units in the second line), >1 means the row is better than the default "
+        f"{DEFAULT.label}; '-' means no number on one side.  The spread line shows how "
+        f"much the default alone varies between rounds: read ratios within it as noise.",
+        f"Variants: {DEFAULT.label} with {LCI_CONFIG}.<knob> set (dask.config.set) in both "
+        f"peer processes; every other knob at the harness's own setting "
+        f"({_inherited(report) or 'the shipped defaults'}).",
+        "--quick: tiny budgets; a smoke test, the ratios mean nothing." if config.quick
+        else f"Budget: timed windows {DURATION_SCALE:g}x those of 'comm', so that default lci, "
+        f"tcp and all {len(VARIANTS)} variants fit in ~10 minutes.",
+    ]
+    explanations.extend(idle_footnote(b.spec, DEFAULT.label) for b in config.benchmarks
+                        if b.spec.kind == IDLE_KIND)
+    return _harness.common_footnotes(report, explanations)
+
+
+def _inherited(report: Report) -> str:
+    inherited = report.environment.get("inherited_lci_env", {})
+    return " ".join(f"{key}={value}" for key, value in inherited.items())
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """Raw and summarised numbers, ratios against the default lci, and what
+    each variant switched."""
+    data = _harness.to_json(report, DEFAULT.label)
+    data["config"]["variants"] = {v.name: v.dask_config for v in VARIANTS
+                                  if v.name in report.config.labels}
+    return data
+

@@ -1,0 +1,55 @@
+"""Helpers shared by the benchmark smoke tests: run the real CLI, check its JSON.
+
+The CLI runs as a subprocess, exactly as a user would start it, so the
+``spawn``-ed peer processes and the entry-point lookup are exercised too.
+There are deliberately no timing assertions: the CI machines are noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
+    """Run ``python -m benchmarks <args> --json out``; its process and JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args, "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert out.exists(), f"no JSON written (rc={proc.returncode}):\n{proc.stderr}"
+    return {"proc": proc, "data": json.loads(out.read_text())}
+
+
+def _acceptable(value: float | None, higher_is_better: bool) -> bool:
+    """Rates must be positive; a lower-is-better cost (idle CPU) may be zero."""
+    if value is None:
+        return False
+    return value > 0 if higher_is_better else value >= 0
+
+
+def assert_all_measured(data: dict[str, Any], label: str, benchmarks: set[str]) -> None:
+    """Configuration ``label`` ran without errors and every round of every
+    metric of ``benchmarks`` produced an acceptable number."""
+    status = data["status"][label]
+    assert status["available"], f"{label}: {status['label']}: {status['detail']}"
+
+    results = data["results"]
+    assert {r["benchmark"] for r in results} == benchmarks
+    errors = [r["error"] for r in data["raw"] if r["configuration"] == label and r["error"]]
+    assert not errors, errors
+    for result in results:
+        numbers = result["per_configuration"][label]
+        where = f"{label} {result['benchmark']} {result['metric']}"
+        good = result["higher_is_better"]
+        assert len(numbers["rounds"]) == data["config"]["rounds"], where
+        assert all(_acceptable(v, good) for v in numbers["rounds"]), where
+        assert _acceptable(numbers["median"], good), where
