@@ -92,7 +92,7 @@ VARIANTS = (
     Variant.of("sync", {"completion": "sync"}),
     Variant.of("ndevices-2", {"ndevices": 2}),
     Variant.of("ndevices-4", {"ndevices": 4}),
-    Variant.of("no-aggregation", {"aggregation": False}),
+    Variant.of("aggregation", {"aggregation": True}),
     Variant.of("eager-0", {"eager-threshold": 0}),
     Variant.of("eager-1MiB", {"eager-threshold": "1MiB"}),
     Variant.of("fragment-256KiB", {"fragment-size": "256KiB"}),

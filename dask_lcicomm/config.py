@@ -72,7 +72,7 @@ class Settings:
     providers: tuple[str, ...] = ("tcp",)
     eager_threshold: int = 64 * 1024
     fragment_size: int = 1 << 20
-    aggregation: bool = True
+    aggregation: bool = False
     write_high_water: int = 64 << 20
     max_message_bytes: int = 64 << 30
     max_frames: int = 1 << 20

@@ -123,7 +123,6 @@ class Parcelport:
             completion=self.completion,
             want_write=self.engine.want_write,
             limits=self.limits,
-            aggregation=self.settings.aggregation,
             batch_bytes=self.settings.fragment_size,
             accepting=listener is not None,
         )
@@ -162,10 +161,11 @@ class Parcelport:
     def send(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
         """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`.
 
-        With aggregation, the first send of an event-loop iteration leaves at
-        once (latency), and whatever is written after it in the same
-        iteration, by any comm, leaves together in one system call when the
-        iteration is over (message rate); a large backlog is flushed at once.
+        Without aggregation the parcel leaves at once (as far as the device
+        is not busy). With it, the first send of an event-loop iteration
+        leaves at once and whatever is written after it in the same
+        iteration, by any comm, leaves together when the iteration is over;
+        a backlog of ``fragment-size`` bytes is flushed at once.
         """
         if device.put(vc, unit, token) or not self.settings.aggregation:
             self._flush_device(device)

@@ -23,7 +23,7 @@ class Endpoint:
             completion, loop, self._handle, threadsafe=mode == "thread"
         )
         self.engine = ProgressEngine(loop, mode, self.completion, poll_interval=0.001)
-        kwargs = {"limits": Limits(), "aggregation": True, "batch_bytes": 1 << 20}
+        kwargs = {"limits": Limits(), "batch_bytes": 1 << 20}
         kwargs.update(device_kwargs)
         self.device = TcpDevice(
             sock,

@@ -11,8 +11,9 @@ asked for it (LCI's one-sided model).
 Sending interleaves the *units* of parcels (see :mod:`dask_lcicomm.parcel`)
 of different virtual connections round-robin, one unit at a time, so a large
 frame never holds small parcels of other comms behind it for its whole
-length. With aggregation on, units queued while the device was busy leave
-together in one system call.
+length. Units that queued while the device was busy leave together, up to
+``batch_bytes`` per system call (HPX's aggregation of parcels on a busy
+connection).
 
 A provider implements the transport primitives: :meth:`Device.fileno`,
 :meth:`Device._transmit`, :meth:`Device._receive_into`,
@@ -97,14 +98,12 @@ class Device(ABC):
         completion: Completion,
         want_write: Callable[[Device], None],
         limits: Limits,
-        aggregation: bool,
         batch_bytes: int,
         accepting: bool,
     ) -> None:
         self.completion = completion
         self._want_write = want_write
         self._decoder = ParcelDecoder(limits, require_connect=accepting)
-        self._aggregation = aggregation
         self._batch_bytes = batch_bytes
         self._lock = threading.Lock()
         self._streams: dict[int, deque[tuple[Unit, Any]]] = {}
@@ -290,7 +289,7 @@ class Device(ABC):
                     ready.rotate(-1)
             else:
                 ready.rotate(-1)
-            if not self._aggregation or taken - self._taken >= budget or len(out) >= IOV_MAX:
+            if taken - self._taken >= budget or len(out) >= IOV_MAX:
                 break
         self._taken = taken
         return bool(out)

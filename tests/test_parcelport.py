@@ -1,0 +1,55 @@
+"""The parcelport: aggregation of the parcels written in one event-loop iteration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import dask
+import pytest
+from distributed.comm import connect, listen
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.providers.tcp import TcpDevice
+
+
+async def _count_sends(aggregation: bool, nmessages: int) -> int:
+    sends = 0
+    transmit = TcpDevice._transmit
+
+    def counting(self, buffers):
+        nonlocal sends
+        sends += 1
+        return transmit(self, buffers)
+
+    received: asyncio.Queue = asyncio.Queue()
+
+    async def sink(comm):
+        for _ in range(nmessages):
+            await received.put(await comm.read())
+        await comm.close()
+
+    with dask.config.set({"distributed.comm.lci.aggregation": aggregation}):
+        async with listen("lci://127.0.0.1:0", sink) as listener:
+            comm = await connect(listener.contact_address)
+            TcpDevice._transmit = counting
+            try:
+                for i in range(nmessages):
+                    await comm.write(i)
+                await asyncio.sleep(0)
+                got = [await asyncio.wait_for(received.get(), 10) for _ in range(nmessages)]
+            finally:
+                TcpDevice._transmit = transmit
+            await comm.close()
+    assert got == list(range(nmessages))
+    return sends
+
+
+@pytest.mark.parametrize("aggregation", [True, False])
+@gen_test(timeout=60)
+async def test_writes_in_one_iteration_leave_together_with_aggregation(aggregation):
+    n = 100
+    sends = await _count_sends(aggregation, n)
+    if aggregation:
+        assert sends <= 5, f"{sends} sends for {n} messages written in one iteration"
+    else:
+        assert sends >= n
