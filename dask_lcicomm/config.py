@@ -62,21 +62,21 @@ def _flag(key: str, value: object) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """A validated snapshot of ``distributed.comm.lci``."""
+    """A validated snapshot of ``distributed.comm.lci``; defaults live in ``lci.yaml``."""
 
-    progress: str = "loop"
-    progress_threads: int = 1
-    poll_interval: float = 0.001
-    completion: str = "queue"
-    ndevices: int = 1
-    providers: tuple[str, ...] = ("tcp",)
-    eager_threshold: int = 64 * 1024
-    fragment_size: int = 1 << 20
-    aggregation: bool = False
-    write_high_water: int = 64 << 20
-    max_message_bytes: int = 64 << 30
-    max_frames: int = 1 << 20
-    max_eager_bytes: int = 64 << 20
+    progress: str
+    progress_threads: int
+    poll_interval: float
+    completion: str
+    ndevices: int
+    providers: tuple[str, ...]
+    eager_threshold: int
+    fragment_size: int
+    aggregation: bool
+    write_high_water: int
+    max_message_bytes: int
+    max_frames: int
+    max_eager_bytes: int
 
     @classmethod
     def from_config(cls) -> Settings:
