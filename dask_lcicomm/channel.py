@@ -9,7 +9,6 @@ channel closes its devices once its last virtual connection is gone.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING
 
 from dask_lcicomm.parcel import MAX_VC
@@ -18,10 +17,10 @@ from dask_lcicomm.providers.base import Device
 if TYPE_CHECKING:
     from dask_lcicomm.parcelport import Parcelport
 
-logger = logging.getLogger("dask_lcicomm.channel")
-
 
 class Channel:
+    """The devices to the listener at ``key``, opened once, shared by its comms."""
+
     def __init__(self, port: Parcelport, key: str) -> None:
         self.port = port
         self.key = key

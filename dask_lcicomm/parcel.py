@@ -36,7 +36,6 @@ from pickle import PickleBuffer
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Union
 
 import numpy as np
 
@@ -48,7 +47,7 @@ BULK = 1 << 63
 MAX_HELLO_BYTES = 64 * 1024
 MAX_VC = (1 << 32) - 1
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class Kind(IntEnum):
@@ -94,7 +93,7 @@ class Message:
     frames: list[memoryview]
 
 
-Event = Union[Hello, Connect, Close, Message]
+Event = Hello | Connect | Close | Message
 
 
 def _control(kind: Kind, vc: int, count: int = 0) -> bytes:

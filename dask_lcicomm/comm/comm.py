@@ -99,9 +99,9 @@ class LCIComm(Comm):
                 deserializers=deserializers,
                 allow_offload=self.allow_offload,
             )
-        except EOFError:
+        except EOFError as e:
             self.abort()
-            raise CommClosedError(f"{self!r}: aborted on truncated data")
+            raise CommClosedError(f"{self!r}: aborted on truncated data") from e
 
     async def write(self, msg: Any, serializers: Any = None, on_error: str = "message") -> int:
         if self._closed or self._peer_closed is not None:

@@ -98,7 +98,7 @@ class Procs:
                     proc.wait(timeout=STOP_TIMEOUT)
                 except subprocess.TimeoutExpired:
                     pass
-        for name, proc, log in self.procs:
+        for _, proc, log in self.procs:
             # the whole group: CLI process, nanny's worker process, ...
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -176,5 +176,5 @@ def start_cluster(
             client.wait_for_workers(len(worker_hosts), timeout=STARTUP_TIMEOUT)
         except Exception as e:
             procs.check_alive()
-            raise AssertionError(f"workers did not register: {e!r}\n{procs.logs()}")
+            raise AssertionError(f"workers did not register: {e!r}\n{procs.logs()}") from e
     return address
