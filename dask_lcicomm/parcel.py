@@ -58,6 +58,25 @@ class Kind(IntEnum):
     FRAGMENT = 5
 
 
+_PARCEL, _FRAGMENT, _HELLO = int(Kind.PARCEL), int(Kind.FRAGMENT), int(Kind.HELLO)
+_CONNECT, _CLOSE = int(Kind.CONNECT), int(Kind.CLOSE)
+
+#: Compiled size tables, and parcel headers followed by one, for the frame
+#: counts most messages have.
+_SIZE_TABLES = {n: struct.Struct(f"<{n}Q") for n in range(33)}
+_PARCEL_HEADS = {n: struct.Struct(f"{HEADER.format}{n}Q") for n in range(33)}
+
+
+def _size_table(nframes: int) -> struct.Struct:
+    table = _SIZE_TABLES.get(nframes)
+    return table if table is not None else struct.Struct(f"<{nframes}Q")
+
+
+def _parcel_head(nframes: int) -> struct.Struct:
+    head = _PARCEL_HEADS.get(nframes)
+    return head if head is not None else struct.Struct(f"{HEADER.format}{nframes}Q")
+
+
 class ProtocolError(ValueError):
     """The peer sent something that is not a valid parcel stream."""
 
@@ -168,12 +187,11 @@ class OutgoingParcel:
                 budget -= n
                 if n:
                     eager.append(view)
-        header = HEADER.pack(MAGIC, VERSION, Kind.PARCEL, 0, vc, seq, len(sizes))
-        table = struct.pack(f"<{len(sizes)}Q", *sizes)
+        head = _parcel_head(len(sizes)).pack(MAGIC, VERSION, _PARCEL, 0, vc, seq, len(sizes), *sizes)
         self.vc = vc
         self.seq = seq
         self.nbytes = nbytes
-        self._head: list[Buffer] | None = [header + table, *eager]
+        self._head: list[Buffer] | None = [head, *eager]
         self._bulk = bulk
         self._fragment = fragment_size
         self._frame = 0
@@ -198,7 +216,7 @@ class OutgoingParcel:
         else:
             self._offset = stop
         ext = FRAGMENT_EXT.pack(start, stop - start)
-        header = HEADER.pack(MAGIC, VERSION, Kind.FRAGMENT, 0, self.vc, self.seq, index)
+        header = HEADER.pack(MAGIC, VERSION, _FRAGMENT, 0, self.vc, self.seq, index)
         return [header + ext, view[start:stop]]
 
 
@@ -346,17 +364,17 @@ class ParcelDecoder:
                 raise ProtocolError(f"unsupported protocol version {version}")
             if flags:
                 raise ProtocolError(f"reserved flags set: {flags:#x}")
-            if kind == Kind.PARCEL:
+            if kind == _PARCEL:
                 used = self._parcel(vc, seq, count, start, available, events)
-            elif kind == Kind.FRAGMENT:
+            elif kind == _FRAGMENT:
                 used = self._fragment(vc, seq, count, start, available, events)
-            elif kind == Kind.HELLO:
+            elif kind == _HELLO:
                 if count > MAX_HELLO_BYTES or seq or vc:
                     raise ProtocolError(f"malformed hello of {count} bytes")
                 used = HEADER.size + count
                 if available >= used:
                     events.append(Hello(bytes(view[start + HEADER.size : start + used])))
-            elif kind in (Kind.CONNECT, Kind.CLOSE):
+            elif kind == _CONNECT or kind == _CLOSE:
                 if count or seq:
                     raise ProtocolError(f"malformed {Kind(kind).name} for vc {vc}")
                 used = HEADER.size
@@ -396,17 +414,20 @@ class ParcelDecoder:
         table_end = HEADER.size + 8 * nframes
         if available < table_end:
             return table_end
-        sizes = struct.unpack_from(f"<{nframes}Q", self._view, start + HEADER.size)
-        eager = 0
-        total = 0
-        for size in sizes:
-            if size & BULK:
-                size &= ~BULK
-                if not size:
-                    raise ProtocolError("empty bulk frame")
-            else:
-                eager += size
-            total += size
+        sizes = _size_table(nframes).unpack_from(self._view, start + HEADER.size)
+        if nframes and max(sizes) >= BULK:
+            eager = 0
+            total = 0
+            for size in sizes:
+                if size & BULK:
+                    size &= ~BULK
+                    if not size:
+                        raise ProtocolError("empty bulk frame")
+                else:
+                    eager += size
+                total += size
+        else:
+            eager = total = sum(sizes)
         if 8 * nframes + eager > limits.max_eager_bytes:
             raise ProtocolError(
                 f"{8 * nframes} bytes of sizes and {eager} eager bytes exceed the limit"
@@ -422,7 +443,7 @@ class ParcelDecoder:
         bulk: list[int] = []
         position = 0
         for index, size in enumerate(sizes):
-            if size & BULK:
+            if size >= BULK:
                 frames.append(memoryview(np.empty(size & ~BULK, dtype=np.uint8)))
                 bulk.append(index)
             else:
