@@ -26,35 +26,36 @@ class Channel:
         self.key = key
         self.devices: list[Device] = []
         self.closed = False
-        self._opening: asyncio.Task[list[Device]] | None = None
+        self._opening: asyncio.Task[None] | None = None
         self._pending = 0
         self._next_vc = 1
 
     def start(self, host: str, port: int) -> None:
         """Begin connecting the devices; :meth:`allocate` waits for them."""
         self._opening = asyncio.ensure_future(self._open(host, port))
-        self._opening.add_done_callback(self._opened)
+        # Retrieved here so that a failure nobody waited for is not reported.
+        self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    async def _open(self, host: str, port: int) -> list[Device]:
-        n = self.port.settings.ndevices
-        results = await asyncio.gather(
-            *(self.port.open_device(host, port, i) for i in range(n)), return_exceptions=True
-        )
-        devices = [r for r in results if isinstance(r, Device)]
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for device in devices:
-                self.port.finish_device(device)
-            raise errors[0]
-        return devices
-
-    def _opened(self, task: asyncio.Task[list[Device]]) -> None:
-        if task.cancelled() or task.exception() is not None:
+    async def _open(self, host: str, port: int) -> None:
+        # The channel's state changes inside the task, so that whoever sees
+        # the task done sees the devices too (a done-callback would run later).
+        try:
+            n = self.port.settings.ndevices
+            results = await asyncio.gather(
+                *(self.port.open_device(host, port, i) for i in range(n)), return_exceptions=True
+            )
+            devices = [r for r in results if isinstance(r, Device)]
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                for device in devices:
+                    self.port.finish_device(device)
+                raise errors[0]
+        except BaseException:
             self.closed = True
             self.port.forget_channel(self)
-            return
-        self.devices = task.result()
-        for device in self.devices:
+            raise
+        self.devices = devices
+        for device in devices:
             device.channel = self
         self.maybe_close()
 

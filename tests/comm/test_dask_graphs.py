@@ -199,9 +199,9 @@ async def test_gen_cluster_scatter_gather_numpy(c, s, a, b, nbytes):
 
 
 @contextlib.contextmanager
-def _local_cluster(processes: bool):
+def _local_cluster(processes: bool, lci_config: dict | None = None):
     """A LocalCluster of two one-thread workers on PROTOCOL, and its client."""
-    with dask.config.set(CLUSTER_CONFIG):
+    with dask.config.set({**CLUSTER_CONFIG, **(lci_config or {})}):
         with LocalCluster(
             protocol=PROTOCOL,
             host=HOST,
@@ -216,9 +216,19 @@ def _local_cluster(processes: bool):
                 yield cluster, client
 
 
-@pytest.fixture(params=[True, False], ids=["processes", "threads"])
+_THREAD_PROGRESS = {"distributed.comm.lci.progress": "thread", "distributed.comm.lci.ndevices": 2}
+
+
+@pytest.fixture(
+    params=[(True, None), (False, None), (False, _THREAD_PROGRESS)],
+    ids=["processes", "threads", "threads-progress-thread"],
+)
 def lci_client(request):
-    with _local_cluster(processes=request.param) as (cluster, client):
+    """Worker processes, and in-process workers with the default and with
+    thread progress over two devices (in one process every comm and channel
+    shares one parcelport, which is where races between comms show)."""
+    processes, lci_config = request.param
+    with _local_cluster(processes=processes, lci_config=lci_config) as (cluster, client):
         yield cluster, client
 
 
