@@ -2,6 +2,7 @@
 
 * ``python -m benchmarks comm [--quick] [--schemes lci,tcp] [--json OUT]``
 * ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT]``
+* ``python -m benchmarks dask [--quick] [--schemes lci,tcp] [--json OUT]``
 
 This is the only layer that prints: progress goes to stderr (so that stdout
 holds just the table and can be redirected), the table to stdout.
@@ -23,9 +24,14 @@ def _csv(text: str) -> list[str]:
 
 
 def _common_options(
-    command: argparse.ArgumentParser, *, quick_help: str, rounds_help: str
+    command: argparse.ArgumentParser,
+    *,
+    quick_help: str,
+    rounds_help: str,
+    names: Sequence[str] | None = None,
 ) -> None:
-    """The options every command shares: budgets, selection and output."""
+    """The options every command shares: budgets, selection and output;
+    ``names`` are what ``--benchmarks`` chooses from (default: the comm ones)."""
     from benchmarks._harness import BENCHMARK_NAMES
 
     command.add_argument("--quick", action="store_true", help=quick_help)
@@ -33,7 +39,14 @@ def _common_options(
                          help="also write raw per-round numbers and medians to OUT")
     command.add_argument("--rounds", type=int, help=rounds_help)
     command.add_argument("--benchmarks", type=_csv, metavar="NAMES",
-                         help=f"comma-separated subset of: {','.join(BENCHMARK_NAMES)}")
+                         help=f"comma-separated subset of: {','.join(names or BENCHMARK_NAMES)}")
+
+
+def _schemes_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--schemes", dest="selection", type=_csv, metavar="SCHEMES",
+                         default=["lci", "tcp"],
+                         help="comma-separated schemes (default: lci,tcp; ucxx also works "
+                         "if distributed_ucxx is installed)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,10 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                     quick_help="tiny budgets and 2 rounds: a smoke run of well under a minute "
                     "(most of it starting idle clusters)",
                     rounds_help="rounds per scheme (default: 5, quick: 2)")
-    comm.add_argument("--schemes", dest="selection", type=_csv, metavar="SCHEMES",
-                      default=["lci", "tcp"],
-                      help="comma-separated schemes (default: lci,tcp; ucxx also works "
-                      "if distributed_ucxx is installed)")
+    _schemes_option(comm)
     variants = commands.add_parser(
         "variants",
         help="ablation: lci with one knob switched, vs default lci and tcp",
@@ -70,7 +80,26 @@ def _parser() -> argparse.ArgumentParser:
     variants.add_argument("--variants", dest="selection", type=_csv, metavar="NAMES",
                           help=f"comma-separated subset of: {','.join(VARIANT_NAMES)} "
                           "(default lci and tcp always run)")
+    _dask_command(commands)
     return parser
+
+
+def _dask_command(commands: argparse._SubParsersAction) -> None:
+    from benchmarks.dask import GRAPH_NAMES
+
+    command = commands.add_parser(
+        "dask",
+        help="real Dask graphs on a LocalCluster per scheme, plus in-process reference",
+        description="Run the same Dask graphs (worker-to-worker moves, gathers to the "
+        "client, an array expression, a tree of small tasks, a dataframe shuffle) on a "
+        "LocalCluster(protocol=<scheme>, n_workers=2, processes=True) per scheme and on "
+        "LocalCluster(processes=False) (inproc: no communication), alternating rounds, "
+        "and print the median seconds per graph. Full run: ~5 minutes on 2 cores.",
+    )
+    _common_options(command, names=GRAPH_NAMES,
+                    quick_help="small graphs and 1 round: a smoke run of under a minute",
+                    rounds_help="rounds per configuration (default: 3, quick: 1)")
+    _schemes_option(command)
 
 
 def _progress(line: str) -> None:

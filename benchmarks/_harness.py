@@ -1,10 +1,12 @@
-"""The measuring harness shared by ``comm`` and ``variants``.
+"""The measuring harness shared by ``comm``, ``variants`` and ``dask``.
 
 What rounds alternate over is a :class:`Configuration`: a scheme plus Dask
 configuration overrides for its peer processes, under a unique label.
 ``comm`` compares plain schemes (one configuration per scheme); ``variants``
 compares the default ``lci`` with copies of it that each switch one knob of
-``distributed.comm.lci``.  Both are the same experiment.
+``distributed.comm.lci``.  Both are the same experiment.  ``dask`` reuses
+the rounds, medians and reporting with its own round runner (whole graphs on
+a ``LocalCluster`` per configuration, see :mod:`benchmarks.dask`).
 
 Why the harness is shaped the way it is:
 
@@ -35,7 +37,8 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from time import monotonic
 from typing import Any
@@ -108,7 +111,12 @@ IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False, _cpu_seconds
 @dataclass(frozen=True)
 class Benchmark:
     """What the client measures (``spec``) and how the tables report it;
-    the first metric is the benchmark's headline number."""
+    the first metric is the benchmark's headline number.
+
+    ``spec`` is a :class:`BenchSpec` here; other suites may use their own
+    frozen dataclass with at least ``name`` and ``timeout_s`` (it goes into
+    the JSON via :func:`dataclasses.asdict`).
+    """
 
     spec: BenchSpec
     metrics: tuple[Metric, ...]
@@ -215,21 +223,35 @@ def make_run_config(
     duration_scale: float = 1.0,
 ) -> RunConfig:
     """Validate the selection; ``quick`` shrinks every budget to seconds."""
-    wanted = set(only) if only else set(default_benchmarks)
-    unknown = wanted - set(BENCHMARK_NAMES)
-    if unknown:
-        raise ValueError(f"unknown benchmarks {sorted(unknown)}; known: {BENCHMARK_NAMES}")
-    if rounds < 1:
-        raise ValueError("rounds must be >= 1")
-    labels = [c.label for c in configurations]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"configuration labels must be unique, got {labels}")
+    wanted = check_selection(configurations, rounds, only, default_benchmarks, BENCHMARK_NAMES)
     return RunConfig(
         configurations=tuple(configurations),
         rounds=rounds,
         quick=quick,
         benchmarks=tuple(p.build(quick, duration_scale) for p in _PLANS if p.name in wanted),
     )
+
+
+def check_selection(
+    configurations: Sequence[Configuration],
+    rounds: int,
+    only: Iterable[str] | None,
+    default: Sequence[str],
+    known: Sequence[str],
+) -> set[str]:
+    """The benchmark names wanted (``only``, else ``default``); raises
+    :class:`ValueError` for unknown names, no rounds or duplicate labels --
+    user errors the CLI reports as such, before any process starts."""
+    wanted = set(only) if only else set(default)
+    unknown = wanted - set(known)
+    if unknown:
+        raise ValueError(f"unknown benchmarks {sorted(unknown)}; known: {tuple(known)}")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    labels = [c.label for c in configurations]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"configuration labels must be unique, got {labels}")
+    return wanted
 
 
 # -------------------------------------------------------------------- schemes
@@ -317,8 +339,23 @@ def conservative_median(values: Sequence[float], higher_is_better: bool) -> floa
     return pick(values)
 
 
-def run(config: RunConfig, progress: Callable[[str], None] = lambda line: None) -> Report:
-    """Run all rounds, every configuration once per round."""
+#: Runs every benchmark of a run once for one configuration in one round,
+#: handing each :class:`Outcome` over as soon as it is known.
+RoundRunner = Callable[["RunConfig", "Configuration", int, Callable[["Outcome"], None]], None]
+
+
+def run(
+    config: RunConfig,
+    progress: Callable[[str], None] = lambda line: None,
+    run_round: RoundRunner | None = None,
+) -> Report:
+    """Run all rounds, every configuration once per round.
+
+    ``run_round`` is what one configuration does in one round (default: the
+    comm benchmarks, then ``idle``); other suites (``dask``) bring their own
+    and share the alternation, the medians and the reporting.
+    """
+    run_round = run_round or _run_round
     report = Report(
         config=config,
         status={c.label: probe_scheme(c.scheme) for c in config.configurations},
@@ -335,7 +372,7 @@ def run(config: RunConfig, progress: Callable[[str], None] = lambda line: None) 
 
     for round_index in range(config.rounds):
         for configuration in rotated(runnable, round_index):
-            _run_round(config, configuration, round_index, on_outcome=record)
+            run_round(config, configuration, round_index, record)
     return report
 
 
@@ -371,27 +408,51 @@ def _run_comm_specs(
     round_index: int,
     on_outcome: Callable[[Outcome], None],
 ) -> None:
-    """Run the comm benchmarks in one server/client pair of processes, both
-    with the configuration's overrides (each side reads its own knobs).
+    """Run the comm benchmarks in one server/client pair of processes."""
+    report_answers(_comm_answers(specs, configuration), specs, configuration.label,
+                   round_index, on_outcome)
 
-    A peer that dies or stops answering turns all of its remaining benchmarks
-    into errors; the processes are torn down in every case.
-    """
+
+def _comm_answers(
+    specs: list[BenchSpec], configuration: Configuration
+) -> Generator[tuple[BenchSpec, Any], None, None]:
+    """Each spec with the client's report on it, from a server and a client
+    process that both have the configuration's overrides (each side reads its
+    own knobs); both are torn down when the generator finishes or is closed."""
     label, overrides = configuration.label, configuration.overrides
+    with (
+        spawned(server_main, configuration.scheme, name=f"{label}-server",
+                dask_config=overrides) as server,
+        spawned(client_main, name=f"{label}-client", dask_config=overrides) as client,
+    ):
+        client.conn.send((_await_server(server), specs))
+        deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
+        for spec in specs:
+            yield spec, receive(client, deadline - monotonic())
+        server.conn.close()  # let the server wind down while the client exits
+
+
+def report_answers(
+    answers: Generator[tuple[Any, Any], None, None],
+    specs: Sequence[Any],
+    label: str,
+    round_index: int,
+    on_outcome: Callable[[Outcome], None],
+) -> None:
+    """Hand each ``(spec, report)`` of ``answers`` on as an :class:`Outcome`
+    as soon as it arrives.
+
+    ``answers`` runs the peers (see :func:`_comm_answers`).  A peer that dies
+    or stops answering raises :class:`PeerError` there, which turns every
+    spec not answered yet into an error; the generator is closed in every
+    case, which tears its processes down.
+    """
     finished = 0
     try:
-        with (
-            spawned(server_main, configuration.scheme, name=f"{label}-server",
-                    dask_config=overrides) as server,
-            spawned(client_main, name=f"{label}-client", dask_config=overrides) as client,
-        ):
-            client.conn.send((_await_server(server), specs))
-            deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
-            for spec in specs:
-                message = receive(client, deadline - monotonic())
-                on_outcome(_to_outcome(message, spec, label, round_index))
+        with closing(answers):
+            for spec, message in answers:
+                on_outcome(to_outcome(message, spec, label, round_index))
                 finished += 1
-            server.conn.close()  # let the server wind down while the client exits
     except PeerError as exc:
         for spec in specs[finished:]:
             on_outcome(Outcome(spec.name, label, round_index, error=str(exc)))
@@ -414,11 +475,12 @@ def _await_server(server: Peer) -> str:
     return expect(server, "ready", STARTUP_TIMEOUT_S)
 
 
-def _to_outcome(message: tuple[Any, ...], spec: BenchSpec, label: str, round_index: int) -> Outcome:
-    """Decode a client report; out-of-order answers mean the client is confused."""
+def to_outcome(message: tuple[Any, ...], spec: BenchSpec, label: str, round_index: int) -> Outcome:
+    """Decode a peer's ``(kind, name, payload)`` report, ``kind`` being
+    "result" or "error"; out-of-order answers mean the peer is confused."""
     kind, name, payload = message
     if name != spec.name:
-        raise PeerError(f"client answered {name!r} while {spec.name!r} was expected")
+        raise PeerError(f"peer answered {name!r} while {spec.name!r} was expected")
     if kind == "result":
         return Outcome(name, label, round_index, measurement=payload)
     return Outcome(name, label, round_index, error=payload)
@@ -452,7 +514,11 @@ def format_number(value: float) -> str:
 
 
 def format_ratio(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"
+    """Two decimals; two significant digits below 0.1, which would else all
+    read 0.0x or 0.00 (e.g. an in-process gather against a real comm)."""
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
 
 
 def median_cell(report: Report, bench: Benchmark, metric: Metric, label: str) -> str:
@@ -466,6 +532,35 @@ def median_cell(report: Report, bench: Benchmark, metric: Metric, label: str) ->
 
 def unit_label(metric: Metric) -> str:
     return metric.unit if metric.higher_is_better else f"{metric.unit} (lower=better)"
+
+
+def medians_table(
+    report: Report,
+    header: tuple[str, str],
+    describe: Callable[[Benchmark, Metric], str],
+    ratio: Callable[[Benchmark, Metric, str], float | None],
+    ratio_labels: Sequence[str],
+    baseline: str,
+    unit: str = "",
+) -> list[str]:
+    """The lines of a summary table: one row per benchmark metric with its
+    name and ``describe(bench, metric)`` (headed by ``header``), the median
+    of every configuration (headed by its label and ``unit``), then a
+    ``<label>/<baseline>`` column per ``ratio_labels``, filled by ``ratio``."""
+    labels = report.config.labels
+    head = [*header, *(f"{label}{unit}" for label in labels),
+            *(f"{label}/{baseline}" for label in ratio_labels)]
+    rows = [
+        [
+            bench.spec.name,
+            describe(bench, metric),
+            *(median_cell(report, bench, metric, label) for label in labels),
+            *(format_ratio(ratio(bench, metric, label)) for label in ratio_labels),
+        ]
+        for bench in report.config.benchmarks
+        for metric in bench.metrics
+    ]
+    return align([head, *rows], label_columns=2)
 
 
 def align(rows: list[list[str]], label_columns: int, rules: Sequence[int] = (1,)) -> list[str]:
@@ -498,9 +593,16 @@ def common_footnotes(report: Report, explanations: Sequence[str] = ()) -> list[s
         "(2 * payload * round trips / s); pingpong payloads are random bytes.",
         *explanations,
     ]
-    for label, status in report.status.items():
-        if not status.available:
-            notes.append(f"{label}: {status.label}: {status.detail}")
+    return notes + problem_notes(report)
+
+
+def problem_notes(report: Report) -> list[str]:
+    """Configurations that could not run, and every failed round."""
+    notes = [
+        f"{label}: {status.label}: {status.detail}"
+        for label, status in report.status.items()
+        if not status.available
+    ]
     for failure in report.failures():
         where = f"{failure.configuration} {failure.benchmark} round {failure.round + 1}"
         notes.append(f"{where} failed: {failure.error}")

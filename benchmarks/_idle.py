@@ -14,20 +14,19 @@ counted itself; the child just keeps the cluster up until told to stop.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Mapping
-from multiprocessing.connection import Connection
 from time import monotonic
 from typing import Any
 
 import psutil
 
+from benchmarks._cluster import N_WORKERS, send_request, started_cluster, workers
 from benchmarks._comm_peers import BenchSpec, Measurement
-from benchmarks._procs import Peer, PeerError, expect, ignore_sigint, send_quietly, spawned
+from benchmarks._procs import Peer, PeerError, expect
+
+__all__ = ["IDLE_KIND", "N_WORKERS", "measure_idle", "TreeCpu"]
 
 IDLE_KIND = "idle"
-
-N_WORKERS = 2
 
 #: Seconds between samples of the process tree.  A process that exits during
 #: the window loses at most this much of its CPU time (see :class:`TreeCpu`).
@@ -37,51 +36,9 @@ SAMPLE_INTERVAL_S = 0.5
 # ---------------------------------------------------------------------- child
 
 
-def cluster_main(conn: Connection, scheme: str, n_workers: int, timeout_s: float) -> None:
-    """Process entry point: keep a cluster up and answer "which workers?".
-
-    Sends ``("ready", workers)`` once ``n_workers`` are connected, then
-    ``("workers", workers)`` per request, until the parent closes the pipe;
-    ``("failed", traceback)`` if anything goes wrong.
-    """
-    ignore_sigint()
-    try:
-        _serve_cluster(conn, scheme, n_workers, timeout_s)
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
-
-
-def _serve_cluster(conn: Connection, scheme: str, n_workers: int, timeout_s: float) -> None:
-    from distributed import Client, LocalCluster
-
-    with (
-        LocalCluster(
-            protocol=scheme,
-            n_workers=n_workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(n_workers, timeout=timeout_s)
-        conn.send(("ready", _workers(client)))
-        while _next_request(conn):
-            conn.send(("workers", _workers(client)))
-
-
-def _workers(client: Any) -> list[str]:
-    """Worker addresses as the scheduler sees them, asked over the comm itself."""
-    return sorted(client.nthreads())
-
-
-def _next_request(conn: Connection) -> bool:
-    """Block (idle: no CPU) until the parent asks something; False on EOF."""
-    try:
-        conn.recv()
-    except (EOFError, OSError):
-        return False
-    return True
+def answer_workers(client: Any, request: Any) -> tuple[str, list[str]]:
+    """The child's only answer: which workers are connected right now."""
+    return ("workers", workers(client))
 
 
 # --------------------------------------------------------------------- parent
@@ -105,29 +62,23 @@ def measure_idle(
     cluster fails, or if its workers changed during the window (a reconnect or
     restart would make the CPU time meaningless).
     """
-    with spawned(
-        cluster_main, scheme, N_WORKERS, startup_timeout_s / 2,  # child times out first
-        name=f"{label or scheme}-cluster", dask_config=dask_config,
-        daemon=False,  # it starts worker processes
-    ) as cluster:
-        workers = expect(cluster, "ready", startup_timeout_s)
+    with started_cluster(
+        scheme, answer_workers, startup_timeout_s, label=label, dask_config=dask_config
+    ) as (cluster, workers_before):
         deadline = monotonic() + spec.timeout_s
         time.sleep(spec.settle_s)
         measurement = _measure_tree(cluster, spec.duration_s, deadline)
         after = _ask_workers(cluster, deadline)
-        if after != workers:
+        if after != workers_before:
             raise PeerError(
                 f"{cluster.process.name}: workers changed during the idle window "
-                f"({', '.join(workers)} -> {', '.join(after)})"
+                f"({', '.join(workers_before)} -> {', '.join(after)})"
             )
     return measurement
 
 
 def _ask_workers(cluster: Peer, deadline: float) -> list[str]:
-    try:
-        cluster.conn.send("workers")
-    except OSError as exc:
-        raise PeerError(f"{cluster.process.name}: pipe broken ({exc})") from exc
+    send_request(cluster, "workers")
     return expect(cluster, "workers", deadline - monotonic())
 
 

@@ -9,6 +9,7 @@ The table has one row per benchmark metric and one column per scheme, plus
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from benchmarks._comm_peers import BenchSpec
@@ -18,11 +19,9 @@ from benchmarks._harness import (
     Configuration,
     Report,
     RunConfig,
-    align,
     common_footnotes,
-    format_ratio,
     make_run_config,
-    median_cell,
+    medians_table,
     run,
     unit_label,
 )
@@ -60,20 +59,11 @@ def ratio_schemes(config: RunConfig) -> list[str]:
 
 def format_table(report: Report) -> str:
     """The summary table (medians) plus footnotes explaining how to read it."""
-    config = report.config
-    ratios = ratio_schemes(config)
-    header = ["benchmark", "metric [unit]", *config.labels, *(f"{s}/{BASELINE}" for s in ratios)]
-    rows = [
-        [
-            bench.spec.name,
-            unit_label(metric),
-            *(median_cell(report, bench, metric, s) for s in config.labels),
-            *(format_ratio(report.ratio(bench, metric, s, BASELINE)) for s in ratios),
-        ]
-        for bench in config.benchmarks
-        for metric in bench.metrics
-    ]
-    return "\n".join([*align([header, *rows], label_columns=2), "", *_footnotes(report)])
+    lines = medians_table(
+        report, ("benchmark", "metric [unit]"), lambda bench, metric: unit_label(metric),
+        partial(report.ratio, baseline=BASELINE), ratio_schemes(report.config), BASELINE,
+    )
+    return "\n".join([*lines, "", *_footnotes(report)])
 
 
 def _footnotes(report: Report) -> list[str]:
