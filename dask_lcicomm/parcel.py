@@ -257,6 +257,10 @@ class ParcelDecoder:
     With ``require_connect`` (the accepting side of a connection) a parcel is
     only valid on a virtual connection the peer opened with CONNECT.
 
+    A bulk frame that follows a bulk frame of exactly ``shard_bytes`` shares
+    its buffer: Dask splits one large object into consecutive pieces of that
+    size, and pieces that are adjacent in one buffer it joins without a copy.
+
     After a :class:`ProtocolError` the decoder is unusable: the stream has
     lost its framing and the connection must be closed.
     """
@@ -266,9 +270,11 @@ class ParcelDecoder:
         limits: Limits = Limits(),
         buffer_size: int = 256 * 1024,
         require_connect: bool = False,
+        shard_bytes: int | None = None,
     ) -> None:
         self.limits = limits
         self.require_connect = require_connect
+        self.shard_bytes = shard_bytes
         self._size = buffer_size
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
@@ -444,17 +450,38 @@ class ParcelDecoder:
         position = 0
         for index, size in enumerate(sizes):
             if size >= BULK:
-                frames.append(memoryview(np.empty(size & ~BULK, dtype=np.uint8)))
+                frames.append(block[:0])
                 bulk.append(index)
             else:
                 frames.append(block[position : position + size])
                 position += size
+        if bulk:
+            self._allocate_bulk(sizes, bulk, frames)
         self._seq[vc] = seq + 1
         if bulk:
             self._assembly[vc] = _Assembly(seq, frames, bulk)
         else:
             events.append(Message(vc, seq, frames))
         return used
+
+    def _allocate_bulk(self, sizes: tuple[int, ...], bulk: list[int], frames: list[memoryview]) -> None:
+        """Give each bulk frame its buffer; runs of shard-sized pieces share one."""
+        runs: list[list[int]] = []
+        for index in bulk:
+            if not (
+                runs
+                and runs[-1][-1] == index - 1
+                and sizes[index - 1] & ~BULK == self.shard_bytes
+            ):
+                runs.append([])
+            runs[-1].append(index)
+        for run in runs:
+            buffer = memoryview(np.empty(sum(sizes[i] & ~BULK for i in run), dtype=np.uint8))
+            offset = 0
+            for index in run:
+                size = sizes[index] & ~BULK
+                frames[index] = buffer[offset : offset + size]
+                offset += size
 
     def _fragment(
         self, vc: int, seq: int, index: int, start: int, available: int, events: list[Event]

@@ -19,7 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import dask.config
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 from distributed.comm.addressing import unparse_host_port
 from distributed.comm.core import CommClosedError
 
@@ -88,6 +88,7 @@ class Parcelport:
             poll_interval=settings.poll_interval,
         )
         self.identity = {"pid": os.getpid(), "host": socket.gethostname()}
+        self._shard_bytes = parse_bytes(dask.config.get("distributed.comm.shard"))
         self._channels: dict[str, Channel] = {}
         self._devices: set[Device] = set()
         self._listeners: set[LCIListener] = set()
@@ -125,6 +126,7 @@ class Parcelport:
             limits=self.limits,
             batch_bytes=self.settings.fragment_size,
             accepting=listener is not None,
+            shard_bytes=self._shard_bytes,
         )
         device.index = index
         device.listener = listener

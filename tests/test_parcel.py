@@ -1229,3 +1229,23 @@ def test_default_encoder_output_is_accepted_by_default_decoder():
     assert len(events[-1].frames) == 1024
     assert all(f == chunk for f in events[-1].frames)
     assert dec.idle
+
+
+def test_shard_sized_bulk_frames_share_one_buffer_for_dask_to_join():
+    """Dask splits a large object into consecutive shard-sized pieces; adjacent
+    in one buffer, distributed's merge_memoryviews joins them without a copy."""
+    from distributed.protocol.utils import merge_memoryviews
+
+    pieces = [b"a" * 8, b"b" * 8, b"c" * 3]
+    other = b"d" * 5
+    wire = encode_connect(1) + encode_parcel(1, 0, [b"hdr", *pieces, other], 2, 4)
+    (message,) = [e for e in ParcelDecoder(shard_bytes=8).feed(wire) if isinstance(e, Message)]
+    hdr, *got, last = message.frames
+    assert [bytes(f) for f in got] == pieces and bytes(last) == other
+    assert got[0].obj is got[1].obj is got[2].obj
+    assert bytes(merge_memoryviews(got)) == b"".join(pieces)
+    assert last.obj is not got[0].obj  # the piece after a short one starts a new buffer
+
+    (message,) = [e for e in ParcelDecoder().feed(wire) if isinstance(e, Message)]
+    objs = [f.obj for f in message.frames[1:]]
+    assert len({id(o) for o in objs}) == len(objs)  # without a shard size: one buffer each

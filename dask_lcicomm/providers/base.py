@@ -100,10 +100,13 @@ class Device(ABC):
         limits: Limits,
         batch_bytes: int,
         accepting: bool,
+        shard_bytes: int | None = None,
     ) -> None:
         self.completion = completion
         self._want_write = want_write
-        self._decoder = ParcelDecoder(limits, require_connect=accepting)
+        self._decoder = ParcelDecoder(
+            limits, require_connect=accepting, shard_bytes=shard_bytes
+        )
         self._batch_bytes = batch_bytes
         self._lock = threading.Lock()
         self._streams: dict[int, deque[tuple[Unit, Any]]] = {}
