@@ -4,18 +4,29 @@ Every comm a process opens to the same listener becomes a virtual connection
 on the channel; with ``ndevices`` > 1 the virtual connections are spread over
 replicated devices (LCI's answer to contention on one network queue). The
 channel closes its devices once its last virtual connection is gone.
+
+The provider is chosen when the channel opens: the first device connects
+over tcp and greets the listener; if the listener offers shared memory and
+``providers`` prefers it, the channel proves it shares the host by attaching
+to it, and then uses only shm devices (the tcp one is closed); otherwise it
+stays on tcp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING
 
 from dask_lcicomm.parcel import MAX_VC
 from dask_lcicomm.providers.base import Device
+from dask_lcicomm.providers.shm import ShmUnavailable
 
 if TYPE_CHECKING:
     from dask_lcicomm.parcelport import Parcelport
+
+logger = logging.getLogger("dask_lcicomm.channel")
 
 
 class Channel:
@@ -40,16 +51,7 @@ class Channel:
         # The channel's state changes inside the task, so that whoever sees
         # the task done sees the devices too (a done-callback would run later).
         try:
-            n = self.port.settings.ndevices
-            results = await asyncio.gather(
-                *(self.port.open_device(host, port, i) for i in range(n)), return_exceptions=True
-            )
-            devices = [r for r in results if isinstance(r, Device)]
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                for device in devices:
-                    self.port.finish_device(device)
-                raise errors[0]
+            devices = await self._open_devices(host, port)
         except BaseException:
             self.closed = True
             self.port.forget_channel(self)
@@ -58,6 +60,37 @@ class Channel:
         for device in devices:
             device.channel = self
         self.maybe_close()
+
+    async def _open_devices(self, host: str, port: int) -> list[Device]:
+        n = self.port.settings.ndevices
+        first = await self.port.open_device(host, port, 0)
+        if self.port.prefers_shm and "shm" in first.peer_info:
+            try:
+                devices = await self._all(self.port.open_shm_device(first, i) for i in range(n))
+            except ShmUnavailable as e:
+                logger.info("channel to %s stays on tcp: shared memory unavailable: %s", self.key, e)
+            except BaseException:
+                self.port.finish_device(first)
+                raise
+            else:
+                self.port.finish_device(first)
+                return devices
+        try:
+            return [first, *await self._all(self.port.open_device(host, port, i) for i in range(1, n))]
+        except BaseException:
+            self.port.finish_device(first)
+            raise
+
+    async def _all(self, openings: Iterable[Awaitable[Device]]) -> list[Device]:
+        """Open devices concurrently; if any fails, close the others and raise."""
+        results = await asyncio.gather(*openings, return_exceptions=True)
+        devices = [r for r in results if isinstance(r, Device)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for device in devices:
+                self.port.finish_device(device)
+            raise errors[0]
+        return devices
 
     async def allocate(self) -> tuple[Device, int]:
         """A device and a fresh virtual-connection id on it."""

@@ -7,6 +7,7 @@ All knobs live under ``distributed.comm.lci``; their defaults ship in
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ PREFIX = "distributed.comm.lci"
 
 PROGRESS_MODES = ("loop", "thread", "poll")
 COMPLETION_MODES = ("queue", "sync")
-PROVIDERS = ("tcp",)
+PROVIDERS = ("shm", "tcp")
 
 
 def _load_defaults() -> dict:
@@ -51,6 +52,11 @@ def _non_negative(key: str, value: int) -> int:
     return value
 
 
+def _pages(n: int) -> int:
+    """``n`` rounded up to whole pages: shared segments are mapped in pages."""
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
 def _flag(key: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -77,6 +83,9 @@ class Settings:
     max_message_bytes: int
     max_frames: int
     max_eager_bytes: int
+    shm_ring_size: int
+    shm_pool_size: int
+    shm_pool_blocks: int
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -95,8 +104,11 @@ class Settings:
         if isinstance(providers, str):
             providers = [p.strip() for p in providers.strip("[]").split(",")]
         providers = tuple(_choice("providers", p, PROVIDERS) for p in providers)
-        if not providers:
-            raise ValueError(f"{PREFIX}.providers must name at least one provider")
+        if "tcp" not in providers:
+            raise ValueError(
+                f"{PREFIX}.providers must include tcp (it carries the greeting and reaches"
+                f" every peer), got {list(providers)!r}"
+            )
         return cls(
             progress=_choice("progress", c["progress"], PROGRESS_MODES),
             progress_threads=_positive("progress-threads", int(c["progress-threads"])),
@@ -111,4 +123,7 @@ class Settings:
             max_message_bytes=nbytes("max-message-bytes"),
             max_frames=_positive("max-frames", int(c["max-frames"])),
             max_eager_bytes=_positive("max-eager-bytes", nbytes("max-eager-bytes")),
+            shm_ring_size=_pages(_positive("shm-ring-size", nbytes("shm-ring-size"))),
+            shm_pool_size=_pages(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
+            shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
         )

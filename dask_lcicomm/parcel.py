@@ -21,6 +21,12 @@ what follows the header, depends on the kind:
               ``offset u64 | nbytes u64`` and ``nbytes`` of data, which the
               receiver writes straight into the frame's buffer (the one-sided
               put of LCI, emulated over a byte stream).
+``PLACED``    all bulk frames of a parcel, already written by the sender into
+              memory the receiver shares with it (a true one-sided put).
+              count = index of the first bulk frame, then
+              ``handle u64 | offset u64 | nbytes u64``: where the frames lie,
+              back to back, in the receiver's terms (see ``placement`` of
+              :class:`ParcelDecoder`).
 
 The bulk frames of a parcel follow it in order before the next parcel of the
 same virtual connection; fragments of different virtual connections may
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import struct
 from pickle import PickleBuffer
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -43,11 +49,15 @@ MAGIC = b"LCIP"
 VERSION = 1
 HEADER = struct.Struct("<4sBBHIQI")
 FRAGMENT_EXT = struct.Struct("<QQ")
+PLACED_EXT = struct.Struct("<QQQ")
 BULK = 1 << 63
 MAX_HELLO_BYTES = 64 * 1024
 MAX_VC = (1 << 32) - 1
 
 Buffer = bytes | bytearray | memoryview
+#: Where the receiver finds placed frames: ``(handle, offset, nbytes)`` to a
+#: buffer of ``nbytes``; raises :class:`ProtocolError` for a bad location.
+Placement = Callable[[int, int, int], memoryview]
 
 
 class Kind(IntEnum):
@@ -56,9 +66,11 @@ class Kind(IntEnum):
     CLOSE = 3
     PARCEL = 4
     FRAGMENT = 5
+    PLACED = 6
 
 
 _PARCEL, _FRAGMENT, _HELLO = int(Kind.PARCEL), int(Kind.FRAGMENT), int(Kind.HELLO)
+_PLACED = int(Kind.PLACED)
 _CONNECT, _CLOSE = int(Kind.CONNECT), int(Kind.CLOSE)
 
 #: Compiled size tables, and parcel headers followed by one, for the frame
@@ -157,7 +169,7 @@ class OutgoingParcel:
     ``eager_budget``, the receiver's ``max_eager_bytes``; the rest go bulk.
     """
 
-    __slots__ = ("vc", "seq", "nbytes", "_bulk", "_fragment", "_head", "_frame", "_offset")
+    __slots__ = ("vc", "seq", "nbytes", "_bulk", "_fragment", "_head", "_frame", "_offset", "_placed")
 
     def __init__(
         self,
@@ -196,6 +208,22 @@ class OutgoingParcel:
         self._fragment = fragment_size
         self._frame = 0
         self._offset = 0
+        self._placed: bytes | None = None
+
+    @property
+    def bulk(self) -> list[memoryview]:
+        """The bulk frames, in order."""
+        return [view for _, view in self._bulk]
+
+    def place(self, handle: int, offset: int) -> None:
+        """The sender has written every bulk frame, back to back, at
+        ``(handle, offset)`` of memory the receiver shares: one PLACED unit
+        replaces their fragments."""
+        if not self._bulk or self._frame or self._offset or self._placed is not None:
+            raise ValueError("only a parcel whose bulk frames are all unsent can be placed")
+        nbytes = sum(view.nbytes for _, view in self._bulk)
+        header = HEADER.pack(MAGIC, VERSION, _PLACED, 0, self.vc, self.seq, self._bulk[0][0])
+        self._placed = header + PLACED_EXT.pack(handle, offset, nbytes)
 
     @property
     def done(self) -> bool:
@@ -207,6 +235,9 @@ class OutgoingParcel:
         if self._head is not None:
             head, self._head = self._head, None
             return head
+        if self._placed is not None:
+            self._frame = len(self._bulk)
+            return [self._placed]
         index, view = self._bulk[self._frame]
         start = self._offset
         stop = min(start + self._fragment, view.nbytes)
@@ -235,10 +266,13 @@ def encode_parcel(
 class _Assembly:
     """A parcel whose bulk frames are still arriving."""
 
-    __slots__ = ("seq", "frames", "bulk", "position", "offset")
+    __slots__ = ("seq", "sizes", "frames", "bulk", "position", "offset")
 
-    def __init__(self, seq: int, frames: list[memoryview], bulk: list[int]) -> None:
+    def __init__(
+        self, seq: int, sizes: tuple[int, ...], frames: list[memoryview], bulk: list[int]
+    ) -> None:
         self.seq = seq
+        self.sizes = sizes
         self.frames = frames
         self.bulk = bulk
         self.position = 0
@@ -260,6 +294,10 @@ class ParcelDecoder:
     A bulk frame that follows a bulk frame of exactly ``shard_bytes`` shares
     its buffer: Dask splits one large object into consecutive pieces of that
     size, and pieces that are adjacent in one buffer it joins without a copy.
+    Buffers are allocated when the first fragment of their frame arrives, so
+    frames that arrive PLACED cost no allocation: ``placement`` resolves
+    their location to memory shared with the sender (without it, a PLACED
+    record is a protocol error).
 
     After a :class:`ProtocolError` the decoder is unusable: the stream has
     lost its framing and the connection must be closed.
@@ -271,10 +309,12 @@ class ParcelDecoder:
         buffer_size: int = 256 * 1024,
         require_connect: bool = False,
         shard_bytes: int | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.limits = limits
         self.require_connect = require_connect
         self.shard_bytes = shard_bytes
+        self.placement = placement
         self._size = buffer_size
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
@@ -374,6 +414,8 @@ class ParcelDecoder:
                 used = self._parcel(vc, seq, count, start, available, events)
             elif kind == _FRAGMENT:
                 used = self._fragment(vc, seq, count, start, available, events)
+            elif kind == _PLACED:
+                used = self._placed(vc, seq, count, start, available, events)
             elif kind == _HELLO:
                 if count > MAX_HELLO_BYTES or seq or vc:
                     raise ProtocolError(f"malformed hello of {count} bytes")
@@ -455,33 +497,28 @@ class ParcelDecoder:
             else:
                 frames.append(block[position : position + size])
                 position += size
-        if bulk:
-            self._allocate_bulk(sizes, bulk, frames)
         self._seq[vc] = seq + 1
         if bulk:
-            self._assembly[vc] = _Assembly(seq, frames, bulk)
+            self._assembly[vc] = _Assembly(seq, sizes, frames, bulk)
         else:
             events.append(Message(vc, seq, frames))
         return used
 
-    def _allocate_bulk(self, sizes: tuple[int, ...], bulk: list[int], frames: list[memoryview]) -> None:
-        """Give each bulk frame its buffer; runs of shard-sized pieces share one."""
-        runs: list[list[int]] = []
-        for index in bulk:
-            if not (
-                runs
-                and runs[-1][-1] == index - 1
-                and sizes[index - 1] & ~BULK == self.shard_bytes
-            ):
-                runs.append([])
-            runs[-1].append(index)
-        for run in runs:
-            buffer = memoryview(np.empty(sum(sizes[i] & ~BULK for i in run), dtype=np.uint8))
-            offset = 0
-            for index in run:
-                size = sizes[index] & ~BULK
-                frames[index] = buffer[offset : offset + size]
-                offset += size
+    def _allocate_run(self, assembly: _Assembly) -> None:
+        """Give the bulk frame now due its buffer, shared with the shard-sized
+        pieces that directly follow it."""
+        sizes, bulk, frames = assembly.sizes, assembly.bulk, assembly.frames
+        run = [bulk[assembly.position]]
+        for index in bulk[assembly.position + 1 :]:
+            if index != run[-1] + 1 or sizes[run[-1]] & ~BULK != self.shard_bytes:
+                break
+            run.append(index)
+        buffer = memoryview(np.empty(sum(sizes[i] & ~BULK for i in run), dtype=np.uint8))
+        offset = 0
+        for index in run:
+            size = sizes[index] & ~BULK
+            frames[index] = buffer[offset : offset + size]
+            offset += size
 
     def _fragment(
         self, vc: int, seq: int, index: int, start: int, available: int, events: list[Event]
@@ -495,6 +532,9 @@ class ParcelDecoder:
             raise ProtocolError(f"fragment for unknown parcel {seq} on vc {vc}")
         expected = assembly.bulk[assembly.position]
         target = assembly.frames[expected]
+        if not target.nbytes:
+            self._allocate_run(assembly)
+            target = assembly.frames[expected]
         if index != expected or offset != assembly.offset or not 0 < nbytes <= target.nbytes - offset:
             raise ProtocolError(
                 f"fragment {index}@{offset}+{nbytes} does not continue parcel {seq} on vc {vc}"
@@ -509,6 +549,32 @@ class ParcelDecoder:
         else:
             self._fragment_done(vc, events)
         return used + here
+
+    def _placed(
+        self, vc: int, seq: int, index: int, start: int, available: int, events: list[Event]
+    ) -> int:
+        used = HEADER.size + PLACED_EXT.size
+        if available < used:
+            return used
+        handle, offset, nbytes = PLACED_EXT.unpack_from(self._view, start + HEADER.size)
+        assembly = self._assembly.get(vc)
+        if assembly is None or assembly.seq != seq:
+            raise ProtocolError(f"placed frames for unknown parcel {seq} on vc {vc}")
+        if self.placement is None:
+            raise ProtocolError("placed frames on a connection without shared memory")
+        sizes = [assembly.sizes[i] & ~BULK for i in assembly.bulk]
+        if assembly.position or assembly.offset or index != assembly.bulk[0] or nbytes != sum(sizes):
+            raise ProtocolError(
+                f"placed frames {index}+{nbytes} do not cover the bulk of parcel {seq} on vc {vc}"
+            )
+        view = self.placement(handle, offset, nbytes)
+        position = 0
+        for frame, size in zip(assembly.bulk, sizes, strict=True):
+            assembly.frames[frame] = view[position : position + size]
+            position += size
+        del self._assembly[vc]
+        events.append(Message(vc, assembly.seq, assembly.frames))
+        return used
 
     def _fragment_done(self, vc: int, events: list[Event]) -> None:
         assembly = self._assembly[vc]

@@ -37,7 +37,10 @@ from dask_lcicomm.parcel import (
     encode_hello,
 )
 from dask_lcicomm.progress import ProgressEngine, make_completion
+from dask_lcicomm.providers import shm
 from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone, Unit
+from dask_lcicomm.providers.shm import ShmDevice, ShmUnavailable
+from dask_lcicomm.providers.shm_segment import Layout
 from dask_lcicomm.providers.tcp import TcpDevice, configure_socket, open_connection
 
 if TYPE_CHECKING:
@@ -97,6 +100,13 @@ class Parcelport:
         self._accepts: dict[tuple[Device, int], asyncio.Future[None]] = {}
         self._unflushed: dict[Device, None] = {}
         self._flush_handle: asyncio.Handle | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self.shm_layout = Layout(settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
+        self.shm_unavailable = None if "shm" in settings.providers else "not in providers"
+        if self.shm_unavailable is None:
+            self.shm_unavailable = shm.unavailable()
+            if self.shm_unavailable is not None:
+                logger.warning("shared memory is unavailable, using tcp: %s", self.shm_unavailable)
         self.closed = False
 
     # -- lifetime -----------------------------------------------------------
@@ -114,51 +124,109 @@ class Parcelport:
         self.closed = True
         if self._ports.get(self.loop) is self:
             del self._ports[self.loop]
+        for task in self._handshakes:
+            task.cancel()
         self.engine.close()
 
     # -- devices ------------------------------------------------------------
 
-    def _new_device(self, sock: socket.socket, index: int, listener: LCIListener | None) -> Device:
-        device = TcpDevice(
-            sock,
-            completion=self.completion,
-            want_write=self.engine.want_write,
-            limits=self.limits,
-            batch_bytes=self.settings.fragment_size,
-            accepting=listener is not None,
-            shard_bytes=self._shard_bytes,
-        )
+    @property
+    def prefers_shm(self) -> bool:
+        """Whether a channel should try shared memory before tcp."""
+        providers = self.settings.providers
+        return self.shm_unavailable is None and providers.index("shm") < providers.index("tcp")
+
+    def _device_options(self, listener: LCIListener | None) -> dict[str, Any]:
+        return {
+            "completion": self.completion,
+            "want_write": self.engine.want_write,
+            "limits": self.limits,
+            "batch_bytes": self.settings.fragment_size,
+            "accepting": listener is not None,
+            "shard_bytes": self._shard_bytes,
+        }
+
+    def _adopt(
+        self, device: Device, index: int, listener: LCIListener | None, local: str, peer: str
+    ) -> Device:
         device.index = index
         device.listener = listener
-        device.local_address = _address(sock.getsockname())
-        device.peer_address = _address(sock.getpeername())
+        device.local_address = local
+        device.peer_address = peer
         self._devices.add(device)
         self.engine.add(device)
         return device
+
+    def _tcp_device(self, sock: socket.socket, index: int, listener: LCIListener | None) -> Device:
+        return self._adopt(
+            TcpDevice(sock, **self._device_options(listener)),
+            index,
+            listener,
+            _address(sock.getsockname()),
+            _address(sock.getpeername()),
+        )
 
     def accept(self, sock: socket.socket, listener: LCIListener) -> None:
         """Adopt a socket accepted by ``listener``; it must greet us first."""
         try:
             configure_socket(sock)
-            self._new_device(sock, 0, listener)
+            self._tcp_device(sock, 0, listener)
         except OSError as e:
             logger.info("dropping connection accepted by %s: %s", listener.contact_address, e)
             sock.close()
 
+    def accept_shm(self, sock: socket.socket, listener: LCIListener) -> None:
+        """A peer on this host connected to ``listener``'s shared-memory socket."""
+        task = self.loop.create_task(self._accept_shm(sock, listener))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _accept_shm(self, sock: socket.socket, listener: LCIListener) -> None:
+        try:
+            link = await shm.accept(sock, self.shm_layout, self._connect_timeout())
+        except ShmUnavailable as e:
+            logger.info("refusing shared memory on %s: %s", listener.contact_address, e)
+            sock.close()
+            return
+        except BaseException:
+            sock.close()
+            raise
+        device = ShmDevice(link, **self._device_options(listener))
+        self._adopt(device, 0, listener, link.local_address, link.peer_address)
+
     async def open_device(self, host: str, port: int, index: int) -> Device:
-        """Connect one device of a channel and exchange greetings."""
+        """Connect one tcp device of a channel and exchange greetings."""
         sock = await open_connection(host, port)
-        device = self._new_device(sock, index, None)
+        return await self._greeted_device(self._tcp_device(sock, index, None))
+
+    async def open_shm_device(self, tcp: Device, index: int) -> Device:
+        """Connect one shm device to the peer that greeted us on ``tcp``;
+        :class:`ShmUnavailable` if shared memory cannot be used with it."""
+        info = tcp.peer_info
+        link = await shm.connect(
+            info["shm"], info.get("pid"), self.shm_layout,
+            tcp.local_address, tcp.peer_address, self._connect_timeout(),
+        )
+        device = ShmDevice(link, **self._device_options(None))
+        self._adopt(device, index, None, link.local_address, link.peer_address)
+        try:
+            return await self._greeted_device(device)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ShmUnavailable(f"no greeting over shared memory: {e!r}") from e
+
+    async def _greeted_device(self, device: Device) -> Device:
         hello = self.loop.create_future()
         self._hellos[device] = hello
-        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
         try:
-            self.send(device, 0, Raw(self._hello()))
-            await asyncio.wait_for(asyncio.shield(hello), timeout)
+            self.send(device, 0, Raw(self._hello(device)))
+            await asyncio.wait_for(asyncio.shield(hello), self._connect_timeout())
         except BaseException:
             self._close_device(device)
             raise
         return device
+
+    def _connect_timeout(self) -> float:
+        return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
 
     def send(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
         """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`.
@@ -188,8 +256,13 @@ class Parcelport:
             device.flush()
         self.completion.flush()
 
-    def _hello(self) -> bytes:
-        return encode_hello(json.dumps(self.identity).encode())
+    def _hello(self, device: Device) -> bytes:
+        """Who we are; a listener on this host also offers its shared memory."""
+        identity = self.identity
+        name = getattr(device.listener, "shm_name", None)
+        if name is not None:
+            identity = {**identity, "shm": name}
+        return encode_hello(json.dumps(identity).encode())
 
     def _close_device(self, device: Device) -> None:
         self.engine.remove(device)
@@ -201,6 +274,21 @@ class Parcelport:
         except OSError:
             pass
         self.loop.call_later(LINGER, self._close_device, device)
+
+    def connections(self) -> list[dict[str, Any]]:
+        """What each device connects to and over which provider (diagnostics)."""
+        return [
+            {
+                "provider": device.provider,
+                "local_address": device.local_address,
+                "peer_address": device.peer_address,
+                "peer_pid": device.peer_info.get("pid"),
+                "peer_host": device.peer_info.get("host"),
+                "comms": len(device.vcs),
+            }
+            for device in self._devices
+            if not device.lost
+        ]
 
     # -- channels and virtual connections ---------------------------------
 
@@ -293,13 +381,15 @@ class Parcelport:
             return
         self._greeted.add(device)
         device.peer_info = {key: info.get(key) for key in ("pid", "host")}
+        if isinstance(info.get("shm"), str) and len(info["shm"]) <= 100:
+            device.peer_info["shm"] = info["shm"]
         hello = self._hellos.pop(device, None)
         if hello is not None:
             if not hello.done():
                 hello.set_result(None)
             return
         try:
-            self.send(device, 0, Raw(self._hello()))
+            self.send(device, 0, Raw(self._hello(device)))
         except DeviceClosed:
             pass
 
@@ -364,3 +454,10 @@ class Parcelport:
         if device.channel is not None:
             device.channel.device_lost()
         self._maybe_shut_down()
+
+
+async def connections() -> list[dict[str, Any]]:
+    """The lci:// devices of the calling event loop's process and their
+    providers, for diagnostics: ``client.run(connections)`` asks every worker."""
+    port = Parcelport._ports.get(asyncio.get_running_loop())
+    return port.connections() if port is not None else []

@@ -1,22 +1,27 @@
-"""Shared fixtures: devices over a socket pair, progressed by a real engine."""
+"""Shared fixtures: devices over a socket pair (and, for shm, two shared
+segments), progressed by a real engine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 
 import pytest
 
 from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
+from dask_lcicomm.providers import shm_segment
+from dask_lcicomm.providers._atomics import Region
+from dask_lcicomm.providers.shm import ShmDevice, ShmLink
 from dask_lcicomm.providers.tcp import TcpDevice
 
 
 class Endpoint:
     """A device, its engine and everything its completion object delivered."""
 
-    def __init__(self, loop, sock, mode, completion="queue", accepting=False, **device_kwargs):
+    def __init__(self, loop, transport, mode, completion="queue", accepting=False, **device_kwargs):
         self.events: list = []
         self.arrived = asyncio.Event()
         self.completion = make_completion(
@@ -25,8 +30,9 @@ class Endpoint:
         self.engine = ProgressEngine(loop, mode, self.completion, poll_interval=0.001)
         kwargs = {"limits": Limits(), "batch_bytes": 1 << 20}
         kwargs.update(device_kwargs)
-        self.device = TcpDevice(
-            sock,
+        device_class = ShmDevice if isinstance(transport, ShmLink) else TcpDevice
+        self.device = device_class(
+            transport,
             completion=self.completion,
             want_write=self.engine.want_write,
             accepting=accepting,
@@ -61,18 +67,28 @@ def endpoint_pair():
     """``with endpoint_pair(mode, **kwargs) as (a, b)``: two connected endpoints."""
 
     @contextlib.contextmanager
-    def make(mode="loop", sndbuf=None, **kwargs):
+    def make(mode="loop", sndbuf=None, provider="tcp", pool=None, **kwargs):
+        """With ``provider="shm"``, ``sndbuf`` is the ring size and large
+        frames go through the ring unless a ``pool`` is given explicitly."""
         loop = asyncio.get_running_loop()
-        socks = socket.socketpair()
+        if provider == "shm":
+            socks = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        else:
+            socks = socket.socketpair()
         for s in socks:
             s.setblocking(False)
-            if sndbuf:
+            if sndbuf and provider == "tcp":
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sndbuf)
+        transports = list(socks)
+        if provider == "shm":
+            if pool is None:
+                pool = 0 if sndbuf else 64 << 20
+            transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
         made = []
         try:
-            for s in socks:
-                made.append(Endpoint(loop, s, mode, **kwargs))
+            for transport in transports:
+                made.append(Endpoint(loop, transport, mode, **kwargs))
             yield made
         finally:
             for endpoint in made:
@@ -81,3 +97,20 @@ def endpoint_pair():
                 s.close()
 
     return make
+
+
+def shm_links(socks, layout):
+    """Two ends of a shared-memory device in one process: each end receives
+    in a segment of its own and writes into a second mapping of the other's."""
+    segments = [shm_segment.create(layout) for _ in socks]
+    regions = [Region(memory) for _, memory in segments]
+    peers = [Region(shm_segment.attach(fd, layout)) for fd, _ in segments]
+    for fd, _ in segments:
+        os.close(fd)
+    for region in regions:
+        region.store(shm_segment.ASLEEP, 1)
+    names = ["lci://a:1", "lci://b:2"]
+    return [
+        ShmLink(socks[i], peers[1 - i], layout, regions[i], layout, names[i], names[1 - i])
+        for i in range(2)
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -22,7 +23,9 @@ def test_defaults_come_from_the_shipped_yaml():
     settings = Settings.from_config()
     assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
     assert settings.eager_threshold == 64 * 1024
-    assert settings.providers == ("tcp",)
+    assert settings.providers == ("shm", "tcp")
+    shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
+    assert shm == (4 << 20, 256 << 20, 1024)
 
 
 def test_dask_config_overrides():
@@ -42,6 +45,11 @@ def test_dask_config_overrides():
         ("FRAGMENT_SIZE", "4MiB", "fragment_size", 4 << 20),
         ("MAX_MESSAGE_BYTES", "1GiB", "max_message_bytes", 1 << 30),
         ("AGGREGATION", "false", "aggregation", False),
+        ("PROVIDERS", "[tcp]", "providers", ["tcp"]),
+        ("PROVIDERS", "tcp,shm", "providers", ["tcp", "shm"]),
+        ("SHM_RING_SIZE", "1MiB", "shm_ring_size", 1 << 20),
+        ("SHM_POOL_SIZE", "10000", "shm_pool_size", -(-10000 // mmap.PAGESIZE) * mmap.PAGESIZE),
+        ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
@@ -59,6 +67,11 @@ def test_environment_variables_override(variable, value, field, expected):
         ("progress", "busy", "progress"),
         ("completion", "maybe", "completion"),
         ("providers", ["carrier-pigeon"], "providers"),
+        ("providers", ["shm"], "must include tcp"),
+        ("providers", [], "must include tcp"),
+        ("shm-ring-size", 0, "shm-ring-size"),
+        ("shm-pool-size", -1, "shm-pool-size"),
+        ("shm-pool-blocks", 0, "shm-pool-blocks"),
         ("ndevices", 0, "ndevices"),
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),

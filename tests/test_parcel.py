@@ -39,6 +39,7 @@ from dask_lcicomm.parcel import (
     MAGIC,
     MAX_HELLO_BYTES,
     MAX_VC,
+    PLACED_EXT,
     VERSION,
     Close,
     Connect,
@@ -88,6 +89,10 @@ def raw_parcel(vc: int, seq: int, sizes: list[int], eager: bytes = b"") -> bytes
 def raw_fragment(vc: int, seq: int, index: int, offset: int, data: bytes, nbytes=None) -> bytes:
     n = len(data) if nbytes is None else nbytes
     return hdr(Kind.FRAGMENT, vc, seq, index) + FRAGMENT_EXT.pack(offset, n) + data
+
+
+def raw_placed(vc: int, seq: int, index: int, handle: int, offset: int, nbytes: int) -> bytes:
+    return hdr(Kind.PLACED, vc, seq, index) + PLACED_EXT.pack(handle, offset, nbytes)
 
 
 def check_frame(frame) -> None:
@@ -755,7 +760,7 @@ def test_random_garbage(garbage, rng):
 
 @st.composite
 def plausible_units(draw):
-    kind = draw(st.sampled_from([0, 6, 255, *Kind]))
+    kind = draw(st.sampled_from([0, 7, 255, *Kind]))
     flags = draw(st.sampled_from([0, 0, 0, 1, 0x8000]))
     vc = draw(st.sampled_from([0, 1, MAX_VC]) | st.integers(0, MAX_VC))
     seq = draw(st.sampled_from([0, 0, 1, 2**64 - 1]) | st.integers(0, 2**64 - 1))
@@ -771,6 +776,8 @@ def plausible_units(draw):
             )
         )
         unit += table(*sizes)
+    elif kind == Kind.PLACED:
+        unit += PLACED_EXT.pack(*(draw(st.sampled_from([0, 1, 4096, 2**64 - 1])) for _ in range(3)))
     elif kind == Kind.FRAGMENT:
         unit += FRAGMENT_EXT.pack(
             draw(st.sampled_from([0, 1, 2**64 - 1]) | st.integers(0, 2**64 - 1)),
@@ -800,9 +807,11 @@ class AllocationSpy:
 
     def __init__(self):
         self.sizes: list[int] = []
+        self.arrays: list[int] = []
 
     def empty(self, n, dtype=None):
         self.sizes.append(int(n))
+        self.arrays.append(int(n))
         return np.empty(n, dtype=dtype)
 
     def bytearray(self, *args):
@@ -994,7 +1003,13 @@ RULES = [
     ("version-2", b"", hdr(Kind.CONNECT, 1, version=2), r"unsupported protocol version 2"),
     ("version-255", C1, hdr(Kind.CONNECT, 1, version=255), r"unsupported protocol version 255"),
     ("kind-0", b"", hdr(0, 1), r"unknown parcel kind 0"),
-    ("kind-6", b"", hdr(6, 1), r"unknown parcel kind 6"),
+    ("kind-7", b"", hdr(7, 1), r"unknown parcel kind 7"),
+    ("placed-without-shared-memory", C1 + P_BULK2, raw_placed(1, 0, 1, 0, 0, 14),
+     r"placed frames on a connection without shared memory"),
+    ("placed-unknown-parcel", C1, raw_placed(1, 0, 1, 0, 0, 14),
+     r"placed frames for unknown parcel 0 on vc 1"),
+    ("placed-wrong-seq", C1 + P_BULK2, raw_placed(1, 3, 1, 0, 0, 14), r"placed frames for unknown parcel 3"),
+    ("flags-placed", C1 + P_BULK2, hdr(Kind.PLACED, 1, 0, 1, flags=1), r"reserved flags"),
     ("kind-255", C1, hdr(255, 1), r"unknown parcel kind 255"),
     ("hello-too-large", b"", hdr(Kind.HELLO, 0, 0, MAX_HELLO_BYTES + 1), r"malformed hello of 65537 bytes"),
     ("hello-with-vc", b"", hdr(Kind.HELLO, 1, 0, 0), r"malformed hello"),
@@ -1249,3 +1264,99 @@ def test_shard_sized_bulk_frames_share_one_buffer_for_dask_to_join():
     (message,) = [e for e in ParcelDecoder().feed(wire) if isinstance(e, Message)]
     objs = [f.obj for f in message.frames[1:]]
     assert len({id(o) for o in objs}) == len(objs)  # without a shard size: one buffer each
+
+
+# ---------------------------------------------------------------------------
+# Placed frames: bulk data the sender already wrote into shared memory
+# ---------------------------------------------------------------------------
+
+
+class SharedPool:
+    """A stand-in for memory shared between sender and receiver."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory = np.zeros(nbytes, dtype=np.uint8)
+        self.requests: list[tuple[int, int, int]] = []
+
+    def write(self, offset: int, frames: list[memoryview]) -> None:
+        for frame in frames:
+            self.memory[offset : offset + frame.nbytes] = np.frombuffer(frame, dtype=np.uint8)
+            offset += frame.nbytes
+
+    def resolve(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        self.requests.append((handle, offset, nbytes))
+        if offset + nbytes > self.memory.nbytes:
+            raise ProtocolError(f"placed frames at {offset}+{nbytes} lie outside the pool")
+        return memoryview(self.memory[offset : offset + nbytes])
+
+
+def placed_stream(frames: list[bytes], pool: SharedPool, handle: int, offset: int) -> bytes:
+    parcel = OutgoingParcel(1, 0, frames, eager_threshold=4, fragment_size=3)
+    pool.write(offset, parcel.bulk)
+    parcel.place(handle, offset)
+    out = bytearray(encode_connect(1))
+    while not parcel.done:
+        for buffer in parcel.next_unit():
+            out += buffer
+    return bytes(out)
+
+
+@pytest.mark.parametrize("feed", ["whole", "bytewise", "buffered"])
+def test_placed_frames_are_views_of_the_shared_memory(feed, alloc_spy):
+    frames = [b"ab", b"0123456789", b"xyz", b"bulk-two", b""]
+    pool = SharedPool(4096)
+    data = placed_stream(frames, pool, handle=7, offset=128)
+    dec = ParcelDecoder(buffer_size=24, placement=pool.resolve)
+    if feed == "whole":
+        events = dec.feed(data)
+    elif feed == "bytewise":
+        events = [e for i in range(len(data)) for e in dec.feed(data[i : i + 1])]
+    else:
+        events = feed_buffered(dec, data)
+    message = events[-1]
+    assert isinstance(message, Message)
+    assert [bytes(f) for f in message.frames] == frames
+    assert pool.requests == [(7, 128, 18)]
+    assert np.shares_memory(np.frombuffer(message.frames[1], np.uint8), pool.memory)
+    assert np.shares_memory(np.frombuffer(message.frames[3], np.uint8), pool.memory)
+    # no buffer was allocated for the bulk frames
+    assert alloc_spy.arrays == []
+    assert dec.idle
+
+
+def test_placement_errors_propagate():
+    pool = SharedPool(64)
+    data = placed_stream([b"x" * 40], pool, handle=0, offset=0)
+    bad = data.replace(PLACED_EXT.pack(0, 0, 40), PLACED_EXT.pack(0, 48, 40))
+    with pytest.raises(ProtocolError, match="outside the pool"):
+        ParcelDecoder(placement=pool.resolve).feed(bad)
+
+
+@pytest.mark.parametrize(
+    "placed, match",
+    [
+        pytest.param(raw_placed(1, 0, 2, 0, 0, 14), "do not cover", id="starts-at-second-bulk-frame"),
+        pytest.param(raw_placed(1, 0, 0, 0, 0, 14), "do not cover", id="starts-at-eager-frame"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 13), "do not cover", id="one-byte-short"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 15), "do not cover", id="one-byte-long"),
+        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 5) + raw_placed(1, 0, 1, 0, 0, 14), "do not cover",
+                     id="after-a-fragment"),
+    ],
+)
+def test_placed_must_cover_the_whole_bulk(placed, match):
+    pool = SharedPool(64)
+    dec = ParcelDecoder(placement=pool.resolve)
+    dec.feed(encode_connect(1) + P_BULK2)
+    with pytest.raises(ProtocolError, match=match):
+        dec.feed(placed)
+    assert pool.requests == []
+
+
+def test_place_needs_unsent_bulk_frames():
+    with pytest.raises(ValueError, match="only a parcel"):
+        OutgoingParcel(1, 0, [b"small"], eager_threshold=8, fragment_size=4).place(0, 0)
+    parcel = OutgoingParcel(1, 0, [b"a" * 20], eager_threshold=8, fragment_size=4)
+    parcel.next_unit()
+    parcel.next_unit()
+    with pytest.raises(ValueError, match="only a parcel"):
+        parcel.place(0, 0)

@@ -17,6 +17,7 @@ from distributed.comm.utils import ensure_concrete_host
 from dask_lcicomm.comm.comm import LCIComm
 from dask_lcicomm.comm.security import check_encryption
 from dask_lcicomm.parcelport import SCHEME, Parcelport
+from dask_lcicomm.providers import shm
 
 logger = logging.getLogger("dask_lcicomm.comm")
 
@@ -51,6 +52,8 @@ class LCIListener(BaseListener):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bound: tuple[str, int] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._shm_sock: socket.socket | None = None
+        self.shm_name: str | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -59,10 +62,22 @@ class LCIListener(BaseListener):
         self._bound = self._sock.getsockname()[:2]
         self._parcelport.add_listener(self)
         self._loop.add_reader(self._sock.fileno(), self._accept)
+        if self._parcelport.shm_unavailable is None:
+            self._shm_sock, self.shm_name = shm.listen(_backlog())
+            self._loop.add_reader(self._shm_sock.fileno(), self._accept_shm)
 
     def _accept(self) -> None:
-        sock, port = self._sock, self._parcelport
-        if sock is None or port is None:
+        if self._parcelport is not None:
+            self._accept_from(self._sock, self._parcelport.accept)
+
+    def _accept_shm(self) -> None:
+        if self._parcelport is not None:
+            self._accept_from(self._shm_sock, self._parcelport.accept_shm)
+
+    def _accept_from(
+        self, sock: socket.socket | None, adopt: Callable[[socket.socket, LCIListener], None]
+    ) -> None:
+        if sock is None:
             return
         for _ in range(64):
             try:
@@ -72,7 +87,8 @@ class LCIListener(BaseListener):
             except OSError as e:
                 logger.warning("accept on %s failed: %s", self.contact_address, e)
                 return
-            port.accept(conn, self)
+            conn.setblocking(False)
+            adopt(conn, self)
 
     def stop(self) -> None:
         sock, self._sock = self._sock, None
@@ -81,6 +97,10 @@ class LCIListener(BaseListener):
         assert self._loop is not None and self._parcelport is not None
         self._loop.remove_reader(sock.fileno())
         sock.close()
+        shm_sock, self._shm_sock = self._shm_sock, None
+        if shm_sock is not None:
+            self._loop.remove_reader(shm_sock.fileno())
+            shm_sock.close()
         self._parcelport.remove_listener(self)
 
     def handle(self, comm: LCIComm) -> None:
@@ -116,6 +136,10 @@ class LCIListener(BaseListener):
         return self.prefix + unparse_host_port(host, port)
 
 
+def _backlog() -> int:
+    return int(dask.config.get("distributed.comm.socket-backlog"))
+
+
 def _bind(ip: str | None, port: int) -> socket.socket:
     infos = socket.getaddrinfo(
         ip or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -126,7 +150,7 @@ def _bind(ip: str | None, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(int(dask.config.get("distributed.comm.socket-backlog")))
+        sock.listen(_backlog())
         sock.setblocking(False)
     except BaseException:
         sock.close()

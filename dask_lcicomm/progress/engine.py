@@ -68,7 +68,8 @@ class ProgressEngine:
 
     def want_write(self, device: Device) -> None:
         """``device`` has output that could not be sent at once."""
-        self._driver.want_write(device)
+        if device.watch_writable:
+            self._driver.want_write(device)
 
     def remove(self, device: Device) -> None:
         """Stop progressing ``device`` and release it."""
@@ -98,6 +99,7 @@ class _LoopDriver(_Driver):
         self._loop = loop
         self._completion = completion
         self._devices: set[Device] = set()
+        self._backlog: set[Device] = set()
 
     def add(self, device: Device) -> None:
         self._devices.add(device)
@@ -106,7 +108,15 @@ class _LoopDriver(_Driver):
     def _readable(self, device: Device) -> None:
         if not device.on_readable():
             self.remove(device)
+        elif device.input_pending and device not in self._backlog:
+            self._backlog.add(device)
+            self._loop.call_soon(self._resume, device)
         self._completion.flush()
+
+    def _resume(self, device: Device) -> None:
+        self._backlog.discard(device)
+        if device in self._devices:
+            self._readable(device)
 
     def want_write(self, device: Device) -> None:
         if device in self._devices:
@@ -254,6 +264,7 @@ class _Run:
         os.set_blocking(self._wake_r, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
+        self._backlog: set[Device] = set()
         self.thread = threading.Thread(
             target=self._main, name=f"lci-progress-{next(_thread_ids)}", daemon=True
         )
@@ -288,14 +299,20 @@ class _Run:
         selector = self._selector
         try:
             while not self._stopping:
-                for key, mask in selector.select():
+                backlog, self._backlog = self._backlog, set()
+                for key, mask in selector.select(0 if backlog else None):
                     device = key.data
                     if device is None:
                         self._run_commands()
-                    elif mask & selectors.EVENT_READ and not device.on_readable():
-                        self.unregister(device)
-                    elif mask & selectors.EVENT_WRITE and device.on_writable():
+                        continue
+                    if mask & selectors.EVENT_READ:
+                        backlog.discard(device)
+                        self._read(device)
+                    if mask & selectors.EVENT_WRITE and not device.released and device.on_writable():
                         self._watch(device, selectors.EVENT_READ)
+                for device in backlog:
+                    if not device.released:
+                        self._read(device)
                 self._completion.flush()
                 if len(selector.get_map()) == 1 and self._slot.finished(self):
                     break
@@ -309,6 +326,12 @@ class _Run:
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._completion.flush()
+
+    def _read(self, device: Device) -> None:
+        if not device.on_readable():
+            self.unregister(device)
+        elif device.input_pending:
+            self._backlog.add(device)
 
     def _run_commands(self) -> None:
         try:

@@ -17,12 +17,17 @@ connection).
 
 A provider implements the transport primitives: :meth:`Device.fileno`,
 :meth:`Device._transmit`, :meth:`Device._receive_into`,
-:meth:`Device._shutdown` and :meth:`Device._close_transport`.
+:meth:`Device._shutdown` and :meth:`Device._close_transport`. A provider
+whose ``fileno`` never becomes writable (shared memory: space in the peer's
+ring is signalled through the readable side) sets ``watch_writable`` to False
+and resumes blocked sends itself; one that stops reading early for fairness
+with input left reports ``input_pending`` so that progress comes back to it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from dask_lcicomm.parcel import Limits, ParcelDecoder, ProtocolError
+from dask_lcicomm.parcel import Limits, ParcelDecoder, Placement, ProtocolError
 
 if TYPE_CHECKING:
     from dask_lcicomm.progress.completion import Completion
@@ -88,10 +93,19 @@ class DeviceClosed(ConnectionError):
     """A put on a device that is gone."""
 
 
+def shut_socket(sock: socket.socket, both: bool) -> None:
+    """End a socket's output (and input if ``both``), whatever state it is in."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR if both else socket.SHUT_WR)
+    except OSError:
+        pass
+
+
 class Device(ABC):
     """One endpoint of a channel between two parcelports."""
 
     provider: ClassVar[str]
+    watch_writable: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -101,11 +115,12 @@ class Device(ABC):
         batch_bytes: int,
         accepting: bool,
         shard_bytes: int | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.completion = completion
         self._want_write = want_write
         self._decoder = ParcelDecoder(
-            limits, require_connect=accepting, shard_bytes=shard_bytes
+            limits, require_connect=accepting, shard_bytes=shard_bytes, placement=placement
         )
         self._batch_bytes = batch_bytes
         self._lock = threading.Lock()
@@ -151,6 +166,11 @@ class Device(ABC):
     @property
     def lost(self) -> bool:
         return self._lost is not None
+
+    @property
+    def input_pending(self) -> bool:
+        """Whether :meth:`on_readable` left input that no readiness event will announce."""
+        return False
 
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
         """Queue ``unit`` on virtual connection ``vc``; :meth:`flush` sends it.

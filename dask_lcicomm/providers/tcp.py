@@ -18,7 +18,7 @@ from typing import Any
 import dask.config
 from dask.utils import parse_timedelta
 
-from dask_lcicomm.providers.base import IOV_MAX, Device
+from dask_lcicomm.providers.base import IOV_MAX, Device, shut_socket
 
 
 def configure_socket(sock: socket.socket) -> None:
@@ -79,10 +79,7 @@ class TcpDevice(Device):
         return self._sock.recv_into(buffer)
 
     def _shutdown(self, both: bool) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR if both else socket.SHUT_WR)
-        except OSError:
-            pass
+        shut_socket(self._sock, both)
 
     def _close_transport(self) -> None:
         self._sock.close()

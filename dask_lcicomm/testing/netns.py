@@ -3,8 +3,11 @@
 Each :class:`Host` is a network namespace with its own address on a bridge
 that only these namespaces share, so traffic between hosts crosses a real
 (virtual) network: veth pairs, a bridge, optionally a bandwidth limit, and
-never loopback. Everything :func:`virtual_hosts` creates it removes again,
-also when the body fails. Needs root and ``ip`` (iproute2).
+never loopback. Optionally each host also has a ``/dev/shm`` of its own (a
+tmpfs that every process of the host mounts over ``/dev/shm`` in a private
+mount namespace), as separate machines would. Everything
+:func:`virtual_hosts` creates it removes again, also when the body fails.
+Needs root and ``ip`` (iproute2); private ``/dev/shm`` also ``unshare``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -28,10 +32,16 @@ class Host:
 
     name: str
     address: str
+    shm: str | None = None
 
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host's namespace."""
-        return ["ip", "netns", "exec", self.name, *argv]
+        """``argv`` run inside this host's namespace (and with its ``/dev/shm``)."""
+        if self.shm is None:
+            return ["ip", "netns", "exec", self.name, *argv]
+        return [
+            "ip", "netns", "exec", self.name, "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', self.shm, *argv,
+        ]
 
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)
@@ -61,10 +71,11 @@ def _ip(*args: str) -> None:
 
 @contextmanager
 def virtual_hosts(
-    n: int, subnet: str = "10.213.0.0/24", rate: str | None = None
+    n: int, subnet: str = "10.213.0.0/24", rate: str | None = None, private_shm: bool = False
 ) -> Iterator[list[Host]]:
     """``n`` hosts on one private bridge, each rate-limited to ``rate``
-    (a ``tc`` rate such as ``"1gbit"``) when given.
+    (a ``tc`` rate such as ``"1gbit"``) when given, and each with its own
+    ``/dev/shm`` (``Host.shm`` is where it lies in ours) if ``private_shm``.
 
     The bridge itself takes the subnet's last address, so that the calling
     process (a client, say) reaches every host from the root namespace.
@@ -101,8 +112,26 @@ def virtual_hosts(
                      "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
                     check=True, capture_output=True, text=True,
                 )
-            hosts.append(Host(name, str(address)))
+            shm = _private_shm(cleanup) if private_shm else None
+            hosts.append(Host(name, str(address), shm))
         yield hosts
+
+
+def gateway_address(subnet: str = "10.213.0.0/24") -> str:
+    """The address the bridge of :func:`virtual_hosts` takes in the root
+    namespace (the subnet's last host address): where a process outside
+    the hosts, a scheduler say, listens to be reached by all of them."""
+    return str(list(ipaddress.ip_network(subnet).hosts())[-1])
+
+
+def _private_shm(cleanup: ExitStack) -> str:
+    """A fresh tmpfs, unmounted and removed on cleanup."""
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}-shm-")
+    cleanup.callback(os.rmdir, path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=1777", "tmpfs", path],
+                   check=True, capture_output=True, text=True)
+    cleanup.callback(subprocess.run, ["umount", "-l", path], check=False, capture_output=True)
+    return path
 
 
 def _delete_link_if_present(name: str) -> None:

@@ -135,24 +135,25 @@ HOSTS = [
 # ---------------------------------------------------------------------------
 
 
-def _variant(progress: str, ndevices: int, completion: str):
-    cfg = {"progress": progress, "ndevices": ndevices, "completion": completion}
-    return pytest.param(cfg, id=f"{progress}-nd{ndevices}-{completion}")
+def _variant(progress: str, ndevices: int, completion: str, provider: str = "shm"):
+    cfg = {"progress": progress, "ndevices": ndevices, "completion": completion,
+           "providers": [provider, "tcp"] if provider == "shm" else ["tcp"]}
+    return pytest.param(cfg, id=f"{progress}-nd{ndevices}-{completion}-{provider}")
 
 
-#: every combination of progress mode x ndevices x completion mode
+#: every combination of progress mode x ndevices x completion mode x provider
 ALL_VARIANTS = [
-    _variant(p, n, c)
-    for p, n, c in itertools.product(("loop", "thread", "poll"), (1, 3), ("queue", "sync"))
+    _variant(p, n, c, v)
+    for p, n, c, v in itertools.product(("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp"))
 ]
-#: 6 combinations covering every pair of values of any two of the three knobs
+#: 6 combinations covering every pair of values of any two of the four knobs
 PAIRWISE_VARIANTS = [
-    _variant("loop", 1, "queue"),
-    _variant("loop", 3, "sync"),
-    _variant("thread", 1, "sync"),
-    _variant("thread", 3, "queue"),
-    _variant("poll", 1, "sync"),
-    _variant("poll", 3, "queue"),
+    _variant("loop", 1, "queue", "shm"),
+    _variant("loop", 3, "sync", "tcp"),
+    _variant("thread", 1, "sync", "tcp"),
+    _variant("thread", 3, "queue", "shm"),
+    _variant("poll", 1, "sync", "shm"),
+    _variant("poll", 3, "queue", "tcp"),
 ]
 
 
@@ -414,6 +415,7 @@ async def test_client_server(host, comm_config):
             )
             try:
                 assert isinstance(comm, Comm)
+                assert comm.extra_info["provider"] == comm_config["providers"][0]
                 assert comm.peer_address == listener.contact_address
                 assert comm.local_address.startswith(f"{SCHEME}://")
                 assert get_address_host(comm.local_address) == host

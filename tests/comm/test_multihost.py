@@ -1,15 +1,20 @@
 """lci:// between simulated hosts: a scheduler and a worker on host A, a
-worker on host B, in network namespaces on a private bridge, and a client in
-the root namespace. Data moves both ways across the (virtual) network.
+worker on host B, in network namespaces on a private bridge, each host with a
+/dev/shm of its own, and a client in the root namespace. Data moves both ways
+across the (virtual) network; processes on one host talk over shared memory,
+processes on different hosts over tcp.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 from distributed import Client
 
 from cli_cluster import CALL_TIMEOUT, Procs, start_cluster
+from dask_lcicomm import connections
 from dask_lcicomm.testing.netns import unavailable, virtual_hosts
 
 _reason = unavailable()
@@ -19,7 +24,7 @@ NBYTES = 6 << 20
 
 
 def test_graph_moves_data_both_ways_between_hosts(tmp_path):
-    with virtual_hosts(2) as (a, b):
+    with virtual_hosts(2, private_shm=True) as (a, b):
         procs = Procs(tmp_path)
         try:
             address = start_cluster(
@@ -39,9 +44,33 @@ def test_graph_moves_data_both_ways_between_hosts(tmp_path):
                     assert client.who_has([total])[total.key] == tuple(dst)
                     gathered = x.result(timeout=CALL_TIMEOUT)
                     assert gathered.nbytes == NBYTES and int(gathered[-1]) == 7
+                _check_providers(client, on_a[0], on_b[0])
             procs.check_alive()
         except BaseException:
             print(procs.logs())
             raise
         finally:
             procs.stop()
+        assert os.listdir(a.shm) == os.listdir(b.shm) == [], "a host's /dev/shm kept files"
+
+
+def _check_providers(client: Client, worker_a: str, worker_b: str) -> None:
+    """Every connection inside host A is shm, every one crossing hosts is tcp."""
+    pids = client.run(os.getpid)
+    nannies = client.run(os.getppid)
+    scheduler = client.run_on_scheduler(os.getpid)
+    host_of = {scheduler: "a", os.getpid(): "root"}
+    for worker, host in ((worker_a, "a"), (worker_b, "b")):
+        host_of[pids[worker]] = host_of[nannies[worker]] = host
+    seen = {}
+    for process, found in [
+        (scheduler, client.run_on_scheduler(connections)),
+        *((pids[w], client.run(connections, workers=[w])[w]) for w in (worker_a, worker_b)),
+    ]:
+        for connection in found:
+            here, there = host_of[process], host_of.get(connection["peer_pid"])
+            expected = "shm" if here == there else "tcp"
+            assert connection["provider"] == expected, (here, there, connection)
+            seen[here, there] = connection["provider"]
+    assert seen[("a", "a")] == "shm"
+    assert seen[("a", "b")] == seen[("b", "a")] == seen[("a", "root")] == "tcp"

@@ -1,4 +1,8 @@
-"""The TCP device: one-sided delivery, interleaving, back-pressure, loss."""
+"""Devices of every provider: one-sided delivery, interleaving, back-pressure, loss.
+
+``sndbuf`` is the socket buffer for tcp and the ring for shm (with no pool,
+so that large frames queue in the ring as they queue in a socket).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers.base import DeviceClosed, DeviceLost, SendDone
 
 MODES = ["loop", "thread", "poll"]
+PROVIDERS = ["tcp", "shm"]
 
 
 def _messages(events, vc=None):
@@ -23,9 +28,10 @@ def _parcel(vc, seq, frames, eager=1024, fragment=64 * 1024):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
 @gen_test(timeout=60)
-async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode):
-    with endpoint_pair(mode) as (a, b):
+async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode, provider):
+    with endpoint_pair(mode, provider=provider) as (a, b):
         rng = np.random.default_rng(0)
         sent = []
         for seq in range(50):
@@ -39,9 +45,10 @@ async def test_messages_arrive_whole_and_in_order(endpoint_pair, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
 @gen_test(timeout=60)
-async def test_small_parcel_overtakes_large_one_on_another_vc(endpoint_pair, mode):
-    with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
+async def test_small_parcel_overtakes_large_one_on_another_vc(endpoint_pair, mode, provider):
+    with endpoint_pair(mode, sndbuf=64 * 1024, provider=provider) as (a, b):
         big = np.arange(32 << 20, dtype=np.uint8)
         a.send(1, _parcel(1, 0, [big]))
         a.send(2, _parcel(2, 0, [b"small"]))
@@ -52,9 +59,10 @@ async def test_small_parcel_overtakes_large_one_on_another_vc(endpoint_pair, mod
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
 @gen_test(timeout=60)
-async def test_send_completion_after_back_pressure(endpoint_pair, mode):
-    with endpoint_pair(mode, sndbuf=64 * 1024) as (a, b):
+async def test_send_completion_after_back_pressure(endpoint_pair, mode, provider):
+    with endpoint_pair(mode, sndbuf=64 * 1024, provider=provider) as (a, b):
         token = asyncio.get_running_loop().create_future()
         payload = bytes(8 << 20)
         done = a.send(3, _parcel(3, 0, [payload]), token)
@@ -66,9 +74,10 @@ async def test_send_completion_after_back_pressure(endpoint_pair, mode):
         assert a.device.queued_bytes == 0
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
 @gen_test(timeout=60)
-async def test_parcels_queued_on_a_busy_device_leave_together(endpoint_pair):
-    with endpoint_pair("loop", sndbuf=64 * 1024) as (a, b):
+async def test_parcels_queued_on_a_busy_device_leave_together(endpoint_pair, provider):
+    with endpoint_pair("loop", sndbuf=64 * 1024, provider=provider) as (a, b):
         sends = []
         transmit = a.device._transmit
         a.device._transmit = lambda buffers: sends.append(len(buffers)) or transmit(buffers)
@@ -80,9 +89,10 @@ async def test_parcels_queued_on_a_busy_device_leave_together(endpoint_pair):
         assert len(sends) < 100, f"{len(sends)} sends for 201 parcels"
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
 @gen_test(timeout=60)
-async def test_peer_loss_reports_pending_sends(endpoint_pair):
-    with endpoint_pair("loop", sndbuf=64 * 1024) as (a, b):
+async def test_peer_loss_reports_pending_sends(endpoint_pair, provider):
+    with endpoint_pair("loop", sndbuf=64 * 1024, provider=provider) as (a, b):
         token = asyncio.get_running_loop().create_future()
         a.send(1, _parcel(1, 0, [bytes(16 << 20)]), token)
         b.engine.remove(b.device)

@@ -1,0 +1,330 @@
+"""The shared-memory provider: one-sided puts between processes on one host.
+
+Two parcelports on one host talk through two segments (see
+:mod:`.shm_segment`), one per direction, each created by its receiver and
+granted to the sender. A parcel's head and small frames go through the
+segment's ring (:mod:`.shm_ring`); each large frame is written once, by the
+sender, into a pool block of the receiver's segment, and the receiver hands
+that memory to the deserializer as the frame itself (:mod:`.shm_pool`). The
+sender rings a doorbell, one byte on a Unix socket, only when the receiver
+sleeps; the same socket tells each side that the other is gone.
+
+Proving that a peer shares our host: its listener advertises an *abstract*
+Unix socket (no file; reachable only from the same network namespace) in its
+greeting over TCP. We connect to it, check with ``SO_PEERCRED`` that the
+process there is the one that greeted us and runs as our user, and exchange
+segments with ``SCM_RIGHTS``; mapping them proves that the memory is shared.
+Any failure on the way means "not the same host" and the channel stays on
+TCP, with the reason logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import struct
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
+from dask_lcicomm.providers.base import Device, Unit, shut_socket
+from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
+from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
+from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create
+
+try:
+    from dask_lcicomm.providers._atomics import Region
+except ImportError as e:  # the C helper was not built
+    Region = None
+    _IMPORT_ERROR: str | None = f"the C helper is missing ({e})"
+else:
+    _IMPORT_ERROR = None
+
+logger = logging.getLogger("dask_lcicomm.providers.shm")
+
+_SETUP_BYTES = 4096
+_MAX_ADDRESS = 512
+_DOORBELL = b"\1"
+
+
+class ShmUnavailable(ConnectionError):
+    """Shared memory cannot be used with this peer; the reason says why."""
+
+
+def unavailable() -> str | None:
+    """Why this process cannot use the provider at all, or None."""
+    if _IMPORT_ERROR is not None:
+        return _IMPORT_ERROR
+    if not hasattr(os, "memfd_create") or not hasattr(socket, "SO_PEERCRED"):
+        return "memfd_create and SO_PEERCRED need Linux"
+    return None
+
+
+@dataclass
+class ShmLink:
+    """A connected socket and both segments of a device, ready to use."""
+
+    sock: socket.socket
+    tx: Any
+    tx_layout: Layout
+    rx: Any
+    rx_layout: Layout
+    local_address: str
+    peer_address: str
+
+
+def listen(backlog: int) -> tuple[socket.socket, str]:
+    """A listening abstract Unix socket and the name peers connect to."""
+    name = f"dask-lcicomm-{os.getpid()}-{uuid.uuid4().hex}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind("\0" + name)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, name
+
+
+async def connect(
+    name: str, peer_pid: Any, layout: Layout, local_address: str, peer_address: str, timeout: float
+) -> ShmLink:
+    """Attach to the listener that advertised ``name`` in its greeting."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    try:
+        return await asyncio.wait_for(
+            _connect(sock, name, peer_pid, layout, local_address, peer_address), timeout
+        )
+    except (OSError, ValueError, asyncio.TimeoutError) as e:
+        sock.close()
+        raise ShmUnavailable(f"{type(e).__name__}: {e}") from e
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _connect(
+    sock: socket.socket, name: str, peer_pid: Any, layout: Layout, local: str, peer: str
+) -> ShmLink:
+    await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
+    pid = _check_peer(sock)
+    if pid != peer_pid:
+        raise ShmUnavailable(
+            f"the shared-memory socket belongs to pid {pid}, the greeting came from {peer_pid}"
+        )
+    rx = _grant(sock, layout, {"local": local, "peer": peer})
+    info, tx, tx_layout = await _receive_grant(sock)
+    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
+
+
+async def accept(sock: socket.socket, layout: Layout, timeout: float) -> ShmLink:
+    """Answer a peer that connected to our abstract socket."""
+    try:
+        return await asyncio.wait_for(_accept(sock, layout), timeout)
+    except (OSError, ValueError, asyncio.TimeoutError) as e:
+        raise ShmUnavailable(f"{type(e).__name__}: {e}") from e
+
+
+async def _accept(sock: socket.socket, layout: Layout) -> ShmLink:
+    _check_peer(sock)
+    info, tx, tx_layout = await _receive_grant(sock)
+    local, peer = info.get("peer"), info.get("local")
+    for address in (local, peer):
+        if not (isinstance(address, str) and address.startswith("lci://") and len(address) <= _MAX_ADDRESS):
+            raise SegmentError(f"malformed address in segment grant: {address!r}")
+    rx = _grant(sock, layout, {})
+    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
+
+
+def _check_peer(sock: socket.socket) -> int:
+    """The peer's pid, if it runs as our user."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.getuid():
+        raise ShmUnavailable(f"peer pid {pid} runs as uid {uid}, not {os.getuid()}")
+    return pid
+
+
+def _grant(sock: socket.socket, layout: Layout, extra: dict[str, str]) -> Any:
+    """Create our receiving segment and grant it to the peer."""
+    fd, memory = create(layout)
+    try:
+        region = Region(memory)
+        # We are not watching the ring until a doorbell rings: say so.
+        region.store(ASLEEP, 1)
+        message = json.dumps({"segment": layout.describe(), **extra}).encode()
+        socket.send_fds(sock, [message], [fd])
+    finally:
+        os.close(fd)
+    return region
+
+
+async def _receive_grant(sock: socket.socket) -> tuple[dict[str, Any], Any, Layout]:
+    """Wait for the peer's segment and map it."""
+    await _readable(sock)
+    message, fds, flags, _ = socket.recv_fds(sock, _SETUP_BYTES, 1)
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise SegmentError("segment grant was truncated")
+        if not message:
+            raise SegmentError("peer closed before granting a segment")
+        if len(fds) != 1:
+            raise SegmentError(f"segment grant carried {len(fds)} descriptors")
+        info = json.loads(message)
+        if not isinstance(info, dict):
+            raise SegmentError("malformed segment grant")
+        layout = Layout.from_description(info.get("segment"))
+        region = Region(attach(fds[0], layout))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return info, region, layout
+
+
+async def _readable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+class ShmDevice(Device):
+    """A device over two shared segments and a Unix socket for doorbells."""
+
+    provider = "shm"
+    watch_writable = False
+
+    def __init__(self, link: ShmLink, **kwargs: Any) -> None:
+        super().__init__(placement=self._lend, **kwargs)
+        self._sock = link.sock
+        self._fd = link.sock.fileno()
+        self._rx, self._rx_layout = link.rx, link.rx_layout
+        self._tx, self._tx_layout = link.tx, link.tx_layout
+        self._reader = RingReader(link.rx, link.rx_layout)
+        self._writer = RingWriter(link.tx, link.tx_layout)
+        tx, flag = link.tx, link.tx_layout.flag
+        self._pool = PoolAllocator(
+            link.tx_layout.pool_bytes,
+            link.tx_layout.blocks,
+            returned=lambda block: tx.load(flag(block)) == 1,
+            claim=lambda block: tx.store(flag(block), 0),
+        )
+        self._peer_gone = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    @property
+    def input_pending(self) -> bool:
+        return not self._reader.asleep and not self.lost
+
+    def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
+        if type(unit) is OutgoingParcel and not self.lost:
+            self._place(unit)
+        return super().put(vc, unit, token)
+
+    def _place(self, parcel: OutgoingParcel) -> None:
+        """Write the parcel's bulk frames into a pool block now, if one is
+        free; the parcel then carries only where they lie. Whatever thread
+        later publishes the parcel in the ring does so under the device lock,
+        after these writes, so the ring's release store covers them."""
+        bulk = parcel.bulk
+        if not bulk:
+            return
+        spot = self._pool.allocate(sum(view.nbytes for view in bulk))
+        if spot is None:
+            return
+        block, offset = spot
+        position = self._tx_layout.pool_offset + offset
+        for view in bulk:
+            self._tx.write(position, view)
+            position += view.nbytes
+        parcel.place(block, offset)
+
+    def _lend(self, block: int, offset: int, nbytes: int) -> memoryview:
+        """The placed frames, as a buffer whose release returns ``block``."""
+        layout = self._rx_layout
+        if block >= layout.blocks or offset % ALIGN or offset + nbytes > layout.pool_bytes:
+            raise ProtocolError(
+                f"placed frames in block {block} at {offset}+{nbytes} lie outside the pool"
+            )
+        return memoryview(self._rx.lease(layout.pool_offset + offset, nbytes, layout.flag(block)))
+
+    def on_readable(self) -> bool:
+        self._take_doorbell()
+        self._reader.woken()
+        self._resume_sending()
+        return super().on_readable()
+
+    def _take_doorbell(self) -> None:
+        """Read one doorbell. A side rings at most once per sleep of the
+        other, so one is what is pending; another keeps the socket readable
+        and brings us back."""
+        try:
+            if not self._sock.recv(16):
+                self._peer_gone = True
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._peer_gone = True
+
+    def _resume_sending(self) -> None:
+        with self._lock:
+            if not self._writing:
+                return
+            done = self._send()
+            self._writing = not done
+            if done and self._finishing:
+                self._shutdown(both=False)
+
+    def _transmit(self, buffers: deque[Any]) -> int:
+        writer = self._writer
+        try:
+            n = writer.write(buffers)
+            while writer.full and writer.wait_for_space():
+                n += writer.write(buffers, n)
+        except ProtocolError as e:
+            logger.warning("closing shm device to %s: %s", self.peer_address, e)
+            raise ConnectionAbortedError(str(e)) from e
+        if n and writer.wake_receiver():
+            self._ring()
+        if not n:
+            raise BlockingIOError
+        return n
+
+    def _receive_into(self, buffer: memoryview) -> int:
+        reader = self._reader
+        n = reader.read_into(buffer)
+        while n < buffer.nbytes and not reader.sleep():
+            n += reader.read_into(buffer[n:])
+        if n:
+            if reader.sender_waiting():
+                self._ring()
+            return n
+        if self._peer_gone:
+            return 0
+        raise BlockingIOError
+
+    def _ring(self) -> None:
+        try:
+            self._sock.send(_DOORBELL)
+        except OSError:
+            # Full: a doorbell is pending anyway. Gone: reading will tell.
+            pass
+
+    def _shutdown(self, both: bool) -> None:
+        shut_socket(self._sock, both)
+
+    def _close_transport(self) -> None:
+        # The segments stay mapped while objects lent from them live; they
+        # are unmapped when the last of those, and this device, are gone.
+        self._sock.close()

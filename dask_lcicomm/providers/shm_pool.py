@@ -1,0 +1,99 @@
+"""The sender's view of a receiver's pool: which blocks it may write now.
+
+Large frames are written once, by the sender, into a block of the pool in
+the receiver's segment; the receiver hands that very memory to the
+deserializer and keeps it as long as any object uses it. When the last one
+is freed, the receiver stores 1 in the block's flag word (see
+:class:`._atomics.Lease`), from whatever thread the object died on. The
+sender, sole owner of the allocation state, collects such blocks before
+each allocation: no message and no lock cross the processes.
+
+The pool is bounded: when no block fits, :meth:`PoolAllocator.allocate`
+returns None and the frames go through the ring instead, which always makes
+progress because the receiver empties it as it decodes, however long the
+deserialized objects live.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+ALIGN = 4096
+
+
+class PoolAllocator:
+    """First-fit allocation of page-aligned blocks in ``[0, nbytes)``.
+
+    ``returned(block)`` tells whether the receiver has freed ``block``;
+    ``claim(block)`` marks it in use before the sender writes it.
+    """
+
+    def __init__(
+        self,
+        nbytes: int,
+        blocks: int,
+        returned: Callable[[int], bool],
+        claim: Callable[[int], None],
+    ) -> None:
+        self.nbytes = nbytes
+        self._returned = returned
+        self._claim = claim
+        self._free: list[tuple[int, int]] = [(0, nbytes)] if nbytes else []
+        self._handles = list(range(blocks - 1, -1, -1))
+        self._used: dict[int, tuple[int, int]] = {}
+
+    @property
+    def in_use(self) -> int:
+        """Blocks written and not yet returned (as far as last collected)."""
+        return len(self._used)
+
+    def allocate(self, nbytes: int) -> tuple[int, int] | None:
+        """``(block, offset)`` of ``nbytes`` of fresh memory, or None if none fits."""
+        size = -(-nbytes // ALIGN) * ALIGN
+        if not 0 < size <= self.nbytes:
+            return None
+        found = self._find(size)
+        if found is None and self._collect():
+            found = self._find(size)
+        if found is None or not self._handles:
+            return None
+        index, (offset, length) = found
+        if length == size:
+            del self._free[index]
+        else:
+            self._free[index] = (offset + size, length - size)
+        block = self._handles.pop()
+        self._used[block] = (offset, size)
+        self._claim(block)
+        return block, offset
+
+    def _find(self, size: int) -> tuple[int, tuple[int, int]] | None:
+        if not self._handles:
+            self._collect()
+        for index, extent in enumerate(self._free):
+            if extent[1] >= size:
+                return index, extent
+        return None
+
+    def _collect(self) -> bool:
+        """Take back every block the receiver has freed; True if any."""
+        returned = [block for block in self._used if self._returned(block)]
+        for block in returned:
+            self._release(block)
+        return bool(returned)
+
+    def _release(self, block: int) -> None:
+        offset, size = self._used.pop(block)
+        self._handles.append(block)
+        free = self._free
+        index = bisect.bisect(free, (offset, size))
+        if index < len(free) and offset + size == free[index][0]:
+            size += free[index][1]
+            del free[index]
+        if index and free[index - 1][0] + free[index - 1][1] == offset:
+            offset = free[index - 1][0]
+            size += free[index - 1][1]
+            index -= 1
+            del free[index]
+        free.insert(index, (offset, size))

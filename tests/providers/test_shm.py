@@ -1,0 +1,214 @@
+"""The shm device: frames lent from the pool, fallback to the ring, hostile
+peers, and the handshake that proves two processes share memory."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import socket
+
+import numpy as np
+import pytest
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.parcel import Message, OutgoingParcel
+from dask_lcicomm.providers import shm
+from dask_lcicomm.providers._atomics import Lease
+from dask_lcicomm.providers.base import Device, DeviceLost
+from dask_lcicomm.providers.shm_segment import PAGE, TAIL, Layout, create
+
+MiB = 1 << 20
+
+
+def _messages(events):
+    return [e for e in events if isinstance(e, Message)]
+
+
+def _parcel(seq, frames):
+    return OutgoingParcel(1, seq, frames, 1024, 256 * 1024)
+
+
+def _lent(frame):
+    return isinstance(frame.obj, Lease)
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread"])
+@gen_test(timeout=60)
+async def test_large_frames_are_lent_from_the_pool_and_come_back(endpoint_pair, mode):
+    with endpoint_pair(mode, provider="shm", pool=8 * MiB) as (a, b):
+        big = np.arange(3 * MiB, dtype=np.uint8)
+        a.send(1, _parcel(0, [b"head", big, b"x" * 2000]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        frames = _messages(b.events)[0].frames
+        assert bytes(frames[0]) == b"head" and bytes(frames[2]) == b"x" * 2000
+        assert _lent(frames[1]) and _lent(frames[2])
+        assert np.array_equal(np.frombuffer(frames[1], np.uint8), big)
+        assert a.device._pool.in_use == 1
+        array = np.frombuffer(frames[1], np.uint8)
+        b.events.clear()
+        del frames
+        gc.collect()
+        # the array still uses the block: the pool cannot hand it out again
+        assert a.device._pool.allocate(8 * MiB) is None
+        del array
+        spot = a.device._pool.allocate(8 * MiB)
+        assert spot is not None and spot[1] == 0
+
+
+@gen_test(timeout=60)
+async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
+    with endpoint_pair("loop", provider="shm", pool=2 * MiB) as (a, b):
+        payloads = [np.full(1536 * 1024, i, dtype=np.uint8) for i in range(4)]
+        for seq, payload in enumerate(payloads):
+            a.send(1, _parcel(seq, [payload]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 4)
+        got = [m.frames[0] for m in _messages(b.events)]
+        assert [_lent(f) for f in got] == [True, False, False, False]
+        for frame, payload in zip(got, payloads, strict=True):
+            assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
+
+
+@pytest.mark.parametrize("block, offset", [(64, 0), (0, 100), (0, 8 * MiB)])
+@gen_test(timeout=60)
+async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplog, block, offset):
+    with endpoint_pair("loop", provider="shm", pool=8 * MiB) as (a, b):
+        parcel = _parcel(0, [bytes(MiB)])
+        parcel.place(block, offset)
+        with caplog.at_level(logging.WARNING, "dask_lcicomm"):
+            Device.put(a.device, 1, parcel)  # as placed, not placed again
+            a.device.flush()
+            await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        lost = next(e for e in b.events if isinstance(e, DeviceLost))
+        assert "lie outside the pool" in lost.reason
+        assert "lie outside the pool" in caplog.text
+
+
+@gen_test(timeout=60)
+async def test_an_overrun_ring_closes_the_device(endpoint_pair):
+    with endpoint_pair("loop", provider="shm") as (a, b):
+        a.device._tx.store(TAIL, 2**40)
+        a.device._ring()
+        await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        assert "overran the ring" in next(e for e in b.events if isinstance(e, DeviceLost)).reason
+
+
+@gen_test(timeout=60)
+async def test_peer_going_away_is_seen_after_its_last_bytes(endpoint_pair):
+    with endpoint_pair("thread", provider="shm", sndbuf=64 * 1024) as (a, b):
+        payload = np.arange(MiB, dtype=np.uint8)
+        a.send(1, _parcel(0, [payload]))
+        a.device.finish()
+        await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        assert np.array_equal(np.frombuffer(_messages(b.events)[0].frames[0], np.uint8), payload)
+
+
+# -- the handshake ----------------------------------------------------------
+
+LAYOUT = Layout(PAGE, 4 * PAGE, 8)
+
+
+class Listening:
+    """An abstract socket whose accepted connections run ``shm.accept``."""
+
+    def __init__(self):
+        self.sock, self.name = shm.listen(8)
+        self.results: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.sock.fileno(), self._accept)
+        self._tasks = set()
+
+    def _accept(self):
+        conn, _ = self.sock.accept()
+        conn.setblocking(False)
+        task = asyncio.ensure_future(self._answer(conn))
+        self._tasks.add(task)
+
+    async def _answer(self, conn):
+        try:
+            await self.results.put(await shm.accept(conn, LAYOUT, 5))
+        except shm.ShmUnavailable as e:
+            conn.close()
+            await self.results.put(e)
+
+    def close(self):
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_links_two_ends_that_share_memory():
+    listening = Listening()
+    try:
+        near = await shm.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        far = await listening.results.get()
+        assert (far.local_address, far.peer_address) == ("lci://l:2", "lci://c:1")
+        near.tx.write(LAYOUT.pool_offset, b"to far")
+        out = bytearray(6)
+        far.rx.read_into(LAYOUT.pool_offset, out)
+        assert out == b"to far"
+        for link in (near, far):
+            link.sock.close()
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_refuses_another_process_than_the_greeter():
+    listening = Listening()
+    try:
+        with pytest.raises(shm.ShmUnavailable, match="belongs to pid"):
+            await shm.connect(listening.name, os.getpid() + 1, LAYOUT, "lci://c:1", "lci://l:2", 5)
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_refuses_another_user(monkeypatch):
+    listening = Listening()
+    try:
+        monkeypatch.setattr(shm.os, "getuid", lambda: 12345)
+        with pytest.raises(shm.ShmUnavailable, match="runs as uid"):
+            await shm.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        refused = await listening.results.get()
+        assert isinstance(refused, shm.ShmUnavailable) and "runs as uid" in str(refused)
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_with_nobody_there():
+    with pytest.raises(shm.ShmUnavailable, match="ConnectionRefused|FileNotFound"):
+        await shm.connect("dask-lcicomm-nobody", os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+
+
+@pytest.mark.parametrize(
+    "grant, fds, match",
+    [
+        (b"not json", 1, "JSONDecodeError"),
+        (json.dumps({"segment": LAYOUT.describe()}).encode(), 0, "carried 0 descriptors"),
+        (json.dumps({"segment": {"ring": 1}}).encode(), 1, "malformed segment"),
+        (json.dumps({"segment": LAYOUT.describe(), "local": 5, "peer": "x"}).encode(), 1,
+         "malformed address"),
+        (json.dumps({"segment": Layout(PAGE, 8 * PAGE, 8).describe(), "local": "lci://a:1",
+                     "peer": "lci://b:2"}).encode(), 1, "its layout says"),
+    ],
+)
+@gen_test(timeout=30)
+async def test_malformed_grants_are_refused(grant, fds, match):
+    listening = Listening()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect("\0" + listening.name)
+        rights = [create(LAYOUT)[0] for _ in range(fds)]
+        socket.send_fds(sock, [grant], rights)
+        for fd in rights:
+            os.close(fd)
+        refused = await listening.results.get()
+        assert isinstance(refused, shm.ShmUnavailable)
+        assert match in str(refused)
+    finally:
+        sock.close()
+        listening.close()

@@ -1,0 +1,183 @@
+"""Shared memory between real processes: a peer killed in the middle of a
+64 MiB transfer, and a stress run of random traffic under back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed.comm import CommClosedError, connect, listen
+from distributed.protocol import to_serialize
+from distributed.utils_test import gen_test
+
+MiB = 1 << 20
+
+_PEER = """
+import asyncio, sys
+import numpy as np
+from distributed.comm import connect
+from distributed.protocol import to_serialize
+
+async def main(address, role):
+    comm = await connect(address)
+    await comm.write(comm.extra_info["provider"])
+    if role == "source":
+        block = np.ones(64 << 20, dtype=np.uint8)
+        while True:
+            await comm.write({"data": to_serialize(block)})
+    while True:
+        await comm.read()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+_ECHO = """
+import asyncio, hashlib, sys
+from distributed.comm import listen
+
+async def echo(comm):
+    while True:
+        try:
+            msg = await comm.read()
+        except Exception:
+            return
+        msg["hash"] = hashlib.blake2b(memoryview(msg["payload"]).cast("B")).hexdigest()
+        await comm.write(msg)
+
+async def main():
+    async with listen("lci://127.0.0.1:0", echo) as listener:
+        print(listener.contact_address, flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def _shm_files() -> set[str]:
+    """Named shared memory, but for the semaphores of other programs'
+    multiprocessing (this machine runs other work; neither process here uses
+    multiprocessing)."""
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.mp-")}
+
+
+def _mapped_shm_files() -> list[str]:
+    with open("/proc/self/maps") as maps:
+        return [line for line in maps if "/dev/shm/" in line]
+
+
+def _env(**settings: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in settings.items():
+        env[f"DASK_DISTRIBUTED__COMM__LCI__{key.upper()}"] = value
+    return env
+
+
+@pytest.mark.parametrize("pool", ["256MiB", "0"])
+@pytest.mark.parametrize("direction", ["to-peer", "from-peer"])
+@gen_test(timeout=120)
+async def test_peer_killed_mid_transfer(direction, pool):
+    before = _shm_files()
+    accepted: asyncio.Queue = asyncio.Queue()
+    role = "sink" if direction == "to-peer" else "source"
+    with dask.config.set({"distributed.comm.lci.shm-pool-size": pool}):
+        async with listen("lci://127.0.0.1:0", accepted.put) as listener:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _PEER, listener.contact_address, role], env=_env(shm_pool_size=pool)
+            )
+            try:
+                comm = await asyncio.wait_for(accepted.get(), 30)
+                assert await asyncio.wait_for(comm.read(), 30) == "shm"
+                assert comm.extra_info["provider"] == "shm"
+                block = np.ones(64 * MiB, dtype=np.uint8)
+
+                async def transfer():
+                    while True:
+                        if direction == "to-peer":
+                            await comm.write({"data": to_serialize(block)})
+                        else:
+                            await comm.read()
+
+                moving = asyncio.ensure_future(transfer())
+                await asyncio.sleep(1.0)
+                assert not moving.done(), moving
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                with pytest.raises(CommClosedError):
+                    await asyncio.wait_for(moving, 15)
+                assert time.monotonic() - killed < 15
+                # the listener keeps serving
+                fresh = await connect(listener.contact_address)
+                other = await asyncio.wait_for(accepted.get(), 10)
+                await fresh.write("still here")
+                assert await other.read() == "still here"
+                await fresh.close()
+                await other.close()
+                await comm.close()
+            finally:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert _shm_files() == before
+    assert _mapped_shm_files() == []
+
+
+def _payload(seed: int, size: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def _sizes(rng: np.random.Generator, n: int) -> list[int]:
+    """Mostly small, some medium, a few up to 32 MiB; always the extremes."""
+    kinds = rng.choice(3, size=n, p=[0.9, 0.09, 0.01])
+    bounds = [(0, 64 * 1024), (64 * 1024, MiB), (MiB, 32 * MiB)]
+    sizes = [int(rng.integers(*bounds[k], endpoint=True)) for k in kinds]
+    return [0, 32 * MiB, *sizes[2:]]
+
+
+@gen_test(timeout=600)
+async def test_random_traffic_under_back_pressure_arrives_intact():
+    """2000 messages of 0 B .. 32 MiB on 8 comms, echoed by another process,
+    with rings, pools and the write high-water mark small enough that
+    senders wait and large frames often find the pool full."""
+    small = {"shm_ring_size": "256KiB", "shm_pool_size": "8MiB", "shm_pool_blocks": "8",
+             "write_high_water": "4MiB"}
+    config = {f"distributed.comm.lci.{k.replace('_', '-')}": v for k, v in small.items()}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ECHO], env=_env(**small), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        address = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        with dask.config.set(config):
+            comms = [await connect(address.strip()) for _ in range(8)]
+        assert {c.extra_info["provider"] for c in comms} == {"shm"}
+        sizes = _sizes(np.random.default_rng(42), 2000)
+        plan = [[(i, sizes[i]) for i in range(j, len(sizes), len(comms))] for j in range(len(comms))]
+
+        async def send(comm, items):
+            for i, size in items:
+                await comm.write({"i": i, "payload": to_serialize(_payload(i, size))})
+
+        async def receive(comm, items):
+            for i, size in items:
+                msg = await comm.read()
+                assert msg["i"] == i
+                expected = hashlib.blake2b(_payload(i, size).data).hexdigest()
+                assert msg["hash"] == expected, f"message {i} ({size} B) corrupted on the way out"
+                got = hashlib.blake2b(memoryview(msg["payload"]).cast("B")).hexdigest()
+                assert got == expected, f"message {i} ({size} B) corrupted on the way back"
+
+        await asyncio.gather(
+            *(send(c, items) for c, items in zip(comms, plan, strict=True)),
+            *(receive(c, items) for c, items in zip(comms, plan, strict=True)),
+        )
+        for comm in comms:
+            await comm.close()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -1,0 +1,87 @@
+"""Choosing the provider per peer when a channel opens."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import dask
+import pytest
+from distributed.comm import connect, listen
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.providers import shm
+
+
+async def _pair(**connect_kwargs):
+    accepted: asyncio.Queue = asyncio.Queue()
+    listener = listen("lci://127.0.0.1:0", accepted.put)
+    await listener.start()
+    comm = await connect(listener.contact_address, **connect_kwargs)
+    return listener, comm, await asyncio.wait_for(accepted.get(), 10)
+
+
+async def _close(listener, *comms):
+    for comm in comms:
+        await comm.close()
+    listener.stop()
+
+
+@gen_test(timeout=30)
+async def test_peers_on_one_host_use_shared_memory():
+    listener, near, far = await _pair()
+    try:
+        assert near.extra_info["provider"] == far.extra_info["provider"] == "shm"
+        assert near.peer_address == far.local_address == listener.contact_address
+        assert far.peer_address == near.local_address
+        await near.write({"x": b"a" * 200_000})
+        assert await far.read() == {"x": b"a" * 200_000}
+        await far.write("back")
+        assert await near.read() == "back"
+    finally:
+        await _close(listener, near, far)
+
+
+@pytest.mark.parametrize("providers", [["tcp"], ["tcp", "shm"]])
+@gen_test(timeout=30)
+async def test_providers_that_prefer_tcp_use_tcp(providers):
+    with dask.config.set({"distributed.comm.lci.providers": providers}):
+        listener, near, far = await _pair()
+    try:
+        assert near.extra_info["provider"] == far.extra_info["provider"] == "tcp"
+        await near.write("over tcp")
+        assert await far.read() == "over tcp"
+    finally:
+        await _close(listener, near, far)
+
+
+@gen_test(timeout=30)
+async def test_a_refused_peer_falls_back_to_tcp_with_a_logged_reason(monkeypatch, caplog):
+    monkeypatch.setattr(shm.os, "getuid", lambda: 4242)
+    with caplog.at_level(logging.INFO, "dask_lcicomm"):
+        listener, near, far = await _pair()
+    try:
+        assert near.extra_info["provider"] == far.extra_info["provider"] == "tcp"
+        assert "stays on tcp" in caplog.text and "runs as uid" in caplog.text
+        await far.write("still works")
+        assert await near.read() == "still works"
+    finally:
+        await _close(listener, near, far)
+
+
+@gen_test(timeout=30)
+async def test_replicated_shm_devices_carry_comms_round_robin():
+    with dask.config.set({"distributed.comm.lci.ndevices": 2}):
+        accepted: asyncio.Queue = asyncio.Queue()
+        listener = listen("lci://127.0.0.1:0", accepted.put)
+        await listener.start()
+        comms = [await connect(listener.contact_address) for _ in range(4)]
+    peers = [await asyncio.wait_for(accepted.get(), 10) for _ in comms]
+    try:
+        assert {c.extra_info["provider"] for c in comms + peers} == {"shm"}
+        assert sorted(c.extra_info["device"] for c in comms) == [0, 0, 1, 1]
+        for i, comm in enumerate(comms):
+            await comm.write(i)
+        assert sorted([await p.read() for p in peers]) == [0, 1, 2, 3]
+    finally:
+        await _close(listener, *comms, *peers)
