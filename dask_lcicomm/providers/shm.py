@@ -326,5 +326,7 @@ class ShmDevice(Device):
 
     def _close_transport(self) -> None:
         # The segments stay mapped while objects lent from them live; they
-        # are unmapped when the last of those, and this device, are gone.
+        # are unmapped when the last of those, and this device, are gone
+        # (the decoder no longer needs to reach back to us: no cycle).
+        self._decoder.placement = None
         self._sock.close()

@@ -53,9 +53,11 @@ class PoolAllocator:
         size = -(-nbytes // ALIGN) * ALIGN
         if not 0 < size <= self.nbytes:
             return None
+        # Collect first, so that first fit reuses the lowest, recently used
+        # memory: its pages are resident and mapped on both sides, while
+        # untouched ones cost a page fault per page on each side.
+        self._collect()
         found = self._find(size)
-        if found is None and self._collect():
-            found = self._find(size)
         if found is None or not self._handles:
             return None
         index, (offset, length) = found
@@ -69,19 +71,15 @@ class PoolAllocator:
         return block, offset
 
     def _find(self, size: int) -> tuple[int, tuple[int, int]] | None:
-        if not self._handles:
-            self._collect()
         for index, extent in enumerate(self._free):
             if extent[1] >= size:
                 return index, extent
         return None
 
-    def _collect(self) -> bool:
-        """Take back every block the receiver has freed; True if any."""
-        returned = [block for block in self._used if self._returned(block)]
-        for block in returned:
+    def _collect(self) -> None:
+        """Take back every block the receiver has freed."""
+        for block in [block for block in self._used if self._returned(block)]:
             self._release(block)
-        return bool(returned)
 
     def _release(self, block: int) -> None:
         offset, size = self._used.pop(block)

@@ -114,3 +114,12 @@ def test_every_page_of_the_pool_can_be_handed_out():
     while (spot := allocator.allocate(1)) is not None:
         offsets.append(spot[1])
     assert offsets == [i * ALIGN for i in range(8)]
+
+
+def test_returned_memory_is_reused_before_untouched_memory():
+    """Pages already touched are mapped on both sides; fresh ones cost faults."""
+    allocator, receiver = pool(64 * ALIGN)
+    for _ in range(10):
+        block, offset = allocator.allocate(4 * ALIGN)
+        assert offset == 0
+        receiver.free(block)
