@@ -1,0 +1,144 @@
+"""The emulated cluster of ``python -m benchmarks asap``: a scheduler and N
+single-threaded workers started as processes, each worker on a host of its
+own when network namespaces can be made (root and iproute2), else all on
+loopback.
+
+On simulated hosts (:mod:`dask_lcicomm.testing.netns`, shared with the
+multi-host tests) every worker has its own address on a private bridge and
+its egress limited by ``tc tbf``; the scheduler listens in the root namespace
+on the bridge's address. Everything started here is stopped, and every
+namespace removed, when the ``with`` block ends, whether it ends normally, by
+an error, or by KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from distributed import Client
+
+from dask_lcicomm.testing.netns import Host, gateway_address, unavailable, virtual_hosts
+
+#: A subnet of its own, so that a multi-host test running meanwhile cannot collide.
+SUBNET = "10.214.0.0/24"
+STARTUP_S = 90.0
+STOP_S = 10.0
+
+
+@dataclass(frozen=True)
+class Testbed:
+    scheduler: str  # the scheduler's address
+    kind: str  # what the workers run on, for the report
+    workers: int
+
+
+def _python_module(module: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+class _Processes:
+    """Processes of the testbed, each in its own session, killed as a group."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.started: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], host: Host | None) -> None:
+        with open(self.logdir / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                host.command(argv) if host is not None else argv,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            )
+        self.started.append((name, proc))
+
+    def check(self) -> None:
+        for name, proc in self.started:
+            if proc.poll() is not None:
+                log = (self.logdir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log}")
+
+    def stop(self) -> None:
+        """Workers first (so that none tries to reach a departed scheduler),
+        then the scheduler; whatever is left after ``STOP_S`` is killed."""
+        workers = [p for name, p in self.started if name != "scheduler"]
+        schedulers = [p for name, p in self.started if name == "scheduler"]
+        for group in (workers, schedulers):
+            for proc in group:
+                _signal_group(proc, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_S
+            for proc in group:
+                try:
+                    proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    pass
+        for _, proc in self.started:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=STOP_S)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _scheduler_address(path: Path, procs: _Processes) -> str:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        procs.check()
+        try:
+            address = json.loads(path.read_text()).get("address")
+        except (OSError, ValueError):
+            address = None
+        if address:
+            return address
+        time.sleep(0.1)
+    raise RuntimeError(f"the scheduler wrote no address within {STARTUP_S:.0f} s")
+
+
+@contextmanager
+def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
+            loopback: bool = False) -> Iterator[Testbed]:
+    """Start the cluster; ``rate`` (a tc rate, e.g. ``"100mbit"``) limits each
+    simulated host's egress. ``loopback``, or no way to make namespaces,
+    runs every process on 127.0.0.1 without any limit."""
+    why_not = "loopback requested" if loopback else unavailable()
+    logdir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        if why_not is None:
+            hosts: list[Host | None] = list(stack.enter_context(virtual_hosts(nworkers, SUBNET, rate)))
+            listen = [h.address for h in hosts]
+            scheduler_host = gateway_address(SUBNET)
+            kind = (f"{nworkers} network namespaces on a bridge, "
+                    f"egress {rate or 'unlimited'} per host (tc tbf)")
+        else:
+            hosts, listen, scheduler_host = [None] * nworkers, ["127.0.0.1"] * nworkers, "127.0.0.1"
+            kind = f"loopback, no bandwidth limit ({why_not})"
+        procs = _Processes(logdir)
+        stack.callback(procs.stop)
+        scheduler_file = logdir / "scheduler.json"
+        scheduler_file.unlink(missing_ok=True)
+        procs.start("scheduler", _python_module("distributed.cli.dask_scheduler", [
+            "--protocol", protocol, "--host", scheduler_host, "--port", "0", "--no-dashboard",
+            "--scheduler-file", str(scheduler_file)]), None)
+        address = _scheduler_address(scheduler_file, procs)
+        for i, (host, ip) in enumerate(zip(hosts, listen, strict=True)):
+            procs.start(f"worker{i}", _python_module("distributed.cli.dask_worker", [
+                address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host", ip,
+                "--name", f"asap-{i}", "--memory-limit", "0", "--death-timeout", "60",
+                "--local-directory", str(logdir / f"worker{i}")]), host)
+        with Client(address, timeout=STARTUP_S) as client:
+            client.wait_for_workers(nworkers, timeout=STARTUP_S)
+        procs.check()
+        yield Testbed(address, kind, nworkers)

@@ -1,0 +1,93 @@
+"""Smoke test of ``python -m benchmarks asap``: a tiny problem on loopback,
+run as a user would run it; checks the records and the figures, never the
+timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks._asap_testbed import SUBNET
+from benchmarks._asap_testbed import testbed as asap_testbed
+from dask_lcicomm.testing.netns import gateway_address, unavailable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"mode", "graph", "workers", "reached_target", "time_to_target_s", "rounds_to_target",
+        "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap", "spectral_gap"}
+
+
+def test_quick_asap_benchmark_writes_records_and_plots(tmp_path):
+    out = tmp_path / "asap.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "asap", "--quick", "--loopback", "--workers", "4",
+         "--features", "2048", "--samples", "256", "--rounds", "15", "--straggler-rounds", "8",
+         "--compute-ms", "2", "--target-rel", "0.6", "--start-delay", "0.5",
+         "--json", str(out), "--plot", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loopback" in proc.stdout and "Targets:" in proc.stdout
+    for path, rounds in ((out, 15), (tmp_path / "asap-straggler.json", 8)):
+        records = json.loads(path.read_text())
+        assert [r["mode"] for r in records] == ["bsp", "bsp-ring", "async", "asap"]
+        for r in records:
+            assert set(r) == KEYS
+            assert r["workers"] == 4 and 0 < r["final_loss"] < 0.7 and 0 <= r["final_accuracy"] <= 1
+            assert r["reached_target"] == (r["time_to_target_s"] is not None)
+            if r["reached_target"]:
+                # bytes written by then: may be 0 for async, whose local steps alone can do it
+                assert 0 < r["rounds_to_target"] <= rounds and r["bytes_to_target"] >= 0
+        by_mode = {r["mode"]: r for r in records}
+        assert by_mode["bsp"]["final_loss"] == pytest.approx(by_mode["bsp-ring"]["final_loss"], rel=1e-9)
+        assert by_mode["bsp"]["spectral_gap"] == 1.0 and by_mode["bsp"]["max_iteration_gap"] <= 1
+        assert 0 < by_mode["asap"]["spectral_gap"] < 1
+    for case in ("transient", "straggler"):
+        for axis in ("time", "bytes"):
+            png = tmp_path / f"asap-{case}-loss-{axis}.png"
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
+def test_testbed_on_simulated_hosts_is_removed_afterwards(tmp_path):
+    """Workers in network namespaces with a rate limit, models crossing the
+    bridge; afterwards neither the bridge address nor a worker is left."""
+    out = tmp_path / "asap.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "asap", "--workers", "3", "--rate", "200mbit",
+         "--modes", "bsp,asap", "--cases", "transient", "--features", "2048", "--samples", "256",
+         "--rounds", "10", "--compute-ms", "2", "--start-delay", "0.5", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 network namespaces on a bridge, egress 200mbit per host" in proc.stdout
+    records = json.loads(out.read_text())
+    assert [r["mode"] for r in records] == ["bsp", "asap"]
+    assert records[0]["final_loss"] == pytest.approx(records[1]["final_loss"], rel=0.05)
+    addresses = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    assert gateway_address(SUBNET) not in addresses
+    workers = subprocess.run(["pgrep", "-f", f"distributed.cli.dask_worker.*{SUBNET[:-5]}"],
+                             capture_output=True, text=True).stdout
+    assert not workers.strip()
+
+
+@pytest.mark.parametrize("loopback", [True, False])
+def test_testbed_is_removed_when_its_body_is_interrupted(tmp_path, loopback):
+    if not loopback and unavailable() is not None:
+        pytest.skip(f"no simulated hosts: {unavailable()}")
+    with pytest.raises(KeyboardInterrupt):
+        with asap_testbed(2, "lci", "100mbit", tmp_path, loopback=loopback) as bed:
+            assert bed.workers == 2 and ("loopback" in bed.kind) == loopback
+            assert _processes_under(tmp_path)
+            raise KeyboardInterrupt
+    assert not _processes_under(tmp_path)
+    addresses = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    assert gateway_address(SUBNET) not in addresses
+
+
+def _processes_under(logdir: Path) -> str:
+    """Testbed processes whose command line names ``logdir`` (every one does)."""
+    return subprocess.run(["pgrep", "-f", str(logdir)], capture_output=True, text=True).stdout.strip()
