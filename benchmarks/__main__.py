@@ -1,12 +1,15 @@
 """Command line:
 
-* ``python -m benchmarks comm [--quick] [--schemes lci,tcp] [--json OUT]``
-* ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT]``
-* ``python -m benchmarks dask [--quick] [--schemes lci,tcp] [--json OUT]``
+* ``python -m benchmarks comm [--quick] [--schemes lci,tcp,ucxx] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks dask [--quick] [--schemes lci,tcp,ucxx] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks all [--quick] [--json OUT] [--plot DIR]``: comm, dask and
+  variants one after the other, then the targets
+* ``python -m benchmarks plot RESULTS.json --plot DIR``: draw a saved run again
 * ``python -m benchmarks asap [--quick] --json OUT [--plot DIR]`` (see ``benchmarks/asap.py``)
 
-This is the only layer that prints: progress goes to stderr (so that stdout
-holds just the table and can be redirected), the table to stdout.
+This is the only layer that prints: progress bars go to stderr (so that stdout
+holds just the tables and can be redirected), the tables to stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from benchmarks._progress import ProgressBar
+from benchmarks.targets import Verdict, evaluate, format_verdicts, verdicts_json
 
 
 def _csv(text: str) -> list[str]:
@@ -35,37 +42,52 @@ def _common_options(
     ``names`` are what ``--benchmarks`` chooses from (default: the comm ones)."""
     from benchmarks._harness import BENCHMARK_NAMES
 
-    command.add_argument("--quick", action="store_true", help=quick_help)
-    command.add_argument("--json", type=Path, metavar="OUT",
-                         help="also write raw per-round numbers and medians to OUT")
+    _output_options(command, quick_help)
     command.add_argument("--rounds", type=int, help=rounds_help)
     command.add_argument("--benchmarks", type=_csv, metavar="NAMES",
                          help=f"comma-separated subset of: {','.join(names or BENCHMARK_NAMES)}")
 
 
-def _schemes_option(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--schemes", dest="selection", type=_csv, metavar="SCHEMES",
-                         default=["lci", "tcp"],
-                         help="comma-separated schemes (default: lci,tcp; ucxx also works "
-                         "if distributed_ucxx is installed)")
+def _output_options(command: argparse.ArgumentParser, quick_help: str) -> None:
+    command.add_argument("--quick", action="store_true", help=quick_help)
+    command.add_argument("--json", type=Path, metavar="OUT",
+                         help="also write raw per-round numbers and medians to OUT")
+    command.add_argument("--plot", type=Path, metavar="DIR",
+                         help="also draw the figures (PNG) into DIR")
+
+
+def _schemes_option(command: argparse.ArgumentParser, dest: str = "selection") -> None:
+    from benchmarks.comm import DEFAULT_SCHEMES
+
+    command.add_argument("--schemes", dest=dest, type=_csv, metavar="SCHEMES",
+                         default=list(DEFAULT_SCHEMES),
+                         help=f"comma-separated schemes (default: {','.join(DEFAULT_SCHEMES)}; "
+                         "one that is not installed shows as such in the tables)")
+
+
+def _variants_option(command: argparse.ArgumentParser, dest: str = "selection") -> None:
+    from benchmarks.variants import VARIANT_NAMES
+
+    command.add_argument("--variants", dest=dest, type=_csv, metavar="NAMES",
+                         help=f"comma-separated subset of: {','.join(VARIANT_NAMES)} "
+                         "(default lci and tcp always run)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from benchmarks.variants import VARIANT_NAMES
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     comm = commands.add_parser(
         "comm",
         help="compare Dask comm backends side by side",
-        description="Measure Dask comms (distributed.comm listen/connect/read/write), "
-        "and the CPU time an idle LocalCluster burns, for several schemes in one run, "
-        "alternating rounds between schemes, and print the per-scheme medians.",
+        description="Measure Dask comms (distributed.comm listen/connect/read/write): "
+        "ping-pong 8 B .. 64 MiB, flood at 8 B and 16 KiB with 1, 4 and 16 senders, "
+        "nchains with 1 .. 1024 chains, and the CPU time an idle LocalCluster burns, for "
+        "several schemes in one run, alternating rounds between schemes, and print the "
+        "per-scheme medians. Full run: ~6 minutes on 2 cores for lci and tcp.",
     )
     _common_options(comm,
-                    quick_help="tiny budgets and 2 rounds: a smoke run of well under a minute "
-                    "(most of it starting idle clusters)",
-                    rounds_help="rounds per scheme (default: 5, quick: 2)")
+                    quick_help="tiny budgets and 1 round: a smoke run of about half a minute",
+                    rounds_help="rounds per scheme (default: 5, quick: 1)")
     _schemes_option(comm)
     variants = commands.add_parser(
         "variants",
@@ -73,15 +95,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Measure the default lci configuration, tcp, and variants of lci that "
         "each switch one knob of distributed.comm.lci (set in both peer processes), "
         "alternating rounds among all of them, and print each variant's "
-        "ratio to the default lci. Full run: ~7.5 minutes on 2 cores.",
+        "ratio to the default lci. Full run: ~8 minutes on 2 cores.",
     )
     _common_options(variants,
                     quick_help="comm's tiny budgets and 1 round: a smoke run of under a minute",
-                    rounds_help="rounds per configuration (default: 7, quick: 1)")
-    variants.add_argument("--variants", dest="selection", type=_csv, metavar="NAMES",
-                          help=f"comma-separated subset of: {','.join(VARIANT_NAMES)} "
-                          "(default lci and tcp always run)")
+                    rounds_help="rounds per configuration (default: 5, quick: 1)")
+    _variants_option(variants)
     _dask_command(commands)
+    _all_command(commands)
+    _plot_command(commands)
     return parser
 
 
@@ -92,10 +114,11 @@ def _dask_command(commands: argparse._SubParsersAction) -> None:
         "dask",
         help="real Dask graphs on a LocalCluster per scheme, plus in-process reference",
         description="Run the same Dask graphs (worker-to-worker moves, gathers to the "
-        "client, an array expression, a tree of small tasks, a dataframe shuffle) on a "
-        "LocalCluster(protocol=<scheme>, n_workers=2, processes=True) per scheme and on "
-        "LocalCluster(processes=False) (inproc: no communication), alternating rounds, "
-        "and print the median seconds per graph. Full run: ~5 minutes on 2 cores.",
+        "client, rechunks, an array expression, a dataframe shuffle, a tree of small tasks, "
+        "a fine-grained stencil) on a LocalCluster(protocol=<scheme>, n_workers=2, "
+        "processes=True) per scheme and on LocalCluster(processes=False) (inproc: no "
+        "communication), alternating rounds, and print the median seconds per graph. "
+        "Full run: ~8 minutes on 2 cores.",
     )
     _common_options(command, names=GRAPH_NAMES,
                     quick_help="small graphs and 1 round: a smoke run of under a minute",
@@ -103,28 +126,115 @@ def _dask_command(commands: argparse._SubParsersAction) -> None:
     _schemes_option(command)
 
 
+def _all_command(commands: argparse._SubParsersAction) -> None:
+    command = commands.add_parser(
+        "all",
+        help=f"{', '.join(ALL_COMMANDS)} one after the other, then the targets",
+        description=f"Run {', '.join(ALL_COMMANDS)} with their default budgets, print each "
+        "table, then the targets with their measured ratios. Full run: ~22 minutes on "
+        "2 cores.",
+    )
+    _output_options(command, quick_help="every command's --quick: a smoke run")
+    _schemes_option(command, dest="schemes")
+    _variants_option(command, dest="variants")
+
+
+def _plot_command(commands: argparse._SubParsersAction) -> None:
+    command = commands.add_parser(
+        "plot", help="draw the figures of a saved run (its --json) again",
+        description="Read what --json wrote (any command, or all) and draw its figures.",
+    )
+    command.add_argument("results", type=Path, metavar="RESULTS.json")
+    command.add_argument("--plot", type=Path, metavar="DIR", required=True,
+                         help="directory for the figures (PNG)")
+
+
+#: What ``all`` runs, in this order.
+ALL_COMMANDS = ("comm", "dask", "variants")
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _run(module: ModuleType, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run one command's benchmarks, print its table, optionally write JSON;
-    exit status 1 if any round failed."""
+def _make_config(module: ModuleType, args: argparse.Namespace, selection: Any,
+                 parser: argparse.ArgumentParser) -> Any:
+    """The command's run configuration; a bad selection is a usage error."""
     try:
-        config = module.make_config(args.selection, args.quick, args.rounds, args.benchmarks)
+        return module.make_config(selection, args.quick, getattr(args, "rounds", None),
+                                  getattr(args, "benchmarks", None))
     except ValueError as exc:
         parser.error(str(exc))
-    _progress(
-        f"{args.command} benchmarks: {','.join(config.labels)} rounds={config.rounds} "
-        f"{'(quick)' if config.quick else ''}"
-    )
-    report = module.run(config, progress=_progress)
+
+
+def _measure(command: str, config: Any, progress: ProgressBar
+             ) -> tuple[dict[str, Any], list[Verdict]]:
+    """Run one command, print its table and targets; its JSON (with the
+    command's name and target verdicts in it) and the verdicts."""
+    module = _command_module(command)
+    report = module.run(config, progress=progress)
+    progress.close()
+    verdicts = evaluate(command, report)
     print(module.format_table(report))
+    if verdicts:
+        print(f"\nTargets ({command}):\n{format_verdicts(verdicts)}")
+    print(flush=True)
+    data = module.to_json(report)
+    return {"command": command, **data, "targets": verdicts_json(verdicts),
+            "failed": len(report.failures())}, verdicts
+
+
+def _run(module: ModuleType, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run one command's benchmarks, print its table, optionally write JSON
+    and figures; exit status 1 if any round failed."""
+    config = _make_config(module, args, args.selection, parser)
+    with ProgressBar() as progress:
+        data, _ = _measure(args.command, config, progress)
+    _write(args, data)
+    return 1 if data["failed"] else 0
+
+
+def _run_all(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Every command of :data:`ALL_COMMANDS` (all configured first, so that a
+    bad selection stops the run before anything is measured), then all the
+    targets in one table."""
+    selections = {"comm": args.schemes, "dask": args.schemes, "variants": args.variants}
+    configs = {command: _make_config(_command_module(command), args, selections[command], parser)
+               for command in ALL_COMMANDS}
+    data: dict[str, Any] = {"command": "all"}
+    verdicts: list[Verdict] = []
+    with ProgressBar() as progress:
+        for command, config in configs.items():
+            data[command], command_verdicts = _measure(command, config, progress)
+            verdicts.extend(command_verdicts)
+            _write_json(args, data)  # a later command failing loses nothing measured
+    print(f"Targets (all):\n{format_verdicts(verdicts)}")
+    _write(args, data | {"targets": verdicts_json(verdicts)})
+    return 1 if any(data[command]["failed"] for command in ALL_COMMANDS) else 0
+
+
+def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(module.to_json(report), indent=2) + "\n")
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _write(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    _write_json(args, data)
+    if args.json:
         _progress(f"wrote {args.json}")
-    return 1 if report.failures() else 0
+    if args.plot:
+        for path in _plot(data, args.plot):
+            _progress(f"wrote {path}")
+
+
+def _plot(data: dict[str, Any], outdir: Path) -> list[Path]:
+    """The figures of one command's JSON, or of each command in an ``all`` JSON."""
+    from benchmarks.plots import plot
+
+    if data["command"] == "all":
+        return [path for command in ALL_COMMANDS for path in plot(command, data[command], outdir)]
+    return plot(data["command"], data, outdir)
 
 
 def _command_module(command: str) -> ModuleType:
@@ -142,6 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "plot":
+            for path in _plot(json.loads(args.results.read_text()), args.plot):
+                _progress(f"wrote {path}")
+            return 0
+        if args.command == "all":
+            return _run_all(args, parser)
         return _run(_command_module(args.command), args, parser)
     except KeyboardInterrupt:
         _progress("interrupted; peer processes were stopped")

@@ -53,10 +53,10 @@ class BenchSpec:
     kind: str  # key of KERNELS, or "idle"
     payload_bytes: int
     duration_s: float
-    max_count: int  # per comm (nchains: per chain)
+    max_count: int  # per comm
     warmup: int  # untimed round trips per comm before measuring
     timeout_s: float
-    chains: int = 1
+    comms: int = 1  # concurrent comms: flood's senders, nchains' chains
     settle_s: float = 0.0  # idle: untimed seconds between "cluster up" and measuring
 
 
@@ -190,12 +190,16 @@ def _message(op: str, payload: np.ndarray) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _connected(address: str) -> AsyncIterator[Any]:
-    comm = await connect(address, timeout=CONNECT_TIMEOUT_S)
+async def _connected_many(address: str, n: int) -> AsyncIterator[list[Any]]:
+    """``n`` comms to ``address``, opened one after the other (connecting is
+    not what is measured), all closed on exit."""
+    comms: list[Any] = []
     try:
-        yield comm
+        for _ in range(n):
+            comms.append(await connect(address, timeout=CONNECT_TIMEOUT_S))
+        yield comms
     finally:
-        await _close(comm)
+        await asyncio.gather(*(_close(c) for c in comms))
 
 
 async def _close(comm: Any) -> None:
@@ -234,40 +238,45 @@ async def pingpong(address: str, spec: BenchSpec) -> Measurement:
     """Sequential round trips of one message on one comm (latency-bound for
     small payloads, bandwidth-bound for large ones)."""
     msg = _message("ping", _payload(spec.payload_bytes))
-    async with _connected(address) as comm:
+    async with _connected_many(address, 1) as (comm,):
         await _warm_up(comm, msg, spec.warmup)
         return await _timed_pings(comm, msg, spec)
 
 
 async def flood(address: str, spec: BenchSpec) -> Measurement:
-    """Back-to-back one-way writes; timed from the first write until the
-    server's final acknowledgement, so buffered-but-undelivered messages
-    cannot inflate the rate."""
+    """Back-to-back one-way writes on ``spec.comms`` comms at once, timed from
+    the first write until the server acknowledged every comm's last message,
+    so buffered-but-undelivered messages cannot inflate the rate."""
     payload = _payload(spec.payload_bytes)
-    async with _connected(address) as comm:
-        await _warm_up(comm, _message("ping", payload), spec.warmup)
+    async with _connected_many(address, spec.comms) as comms:
+        await asyncio.gather(*(_warm_up(c, _message("ping", payload), spec.warmup)
+                               for c in comms))
         msg = _message("flood", payload)
         start = perf_counter()
-        sent = 0
-        for _ in _bounded(spec.max_count, start + spec.duration_s):
-            await comm.write(msg, serializers=SERIALIZERS)
-            sent += 1
-        await comm.write({"op": "flood-end"})
-        reply = await comm.read()
-        seconds = perf_counter() - start
+        deadline = start + spec.duration_s
+        sent = await asyncio.gather(*(_flood_one(c, msg, spec.max_count, deadline)
+                                      for c in comms))
+        return Measurement(sum(sent), perf_counter() - start)
+
+
+async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
+    """Bounded one-way writes on one comm; how many the server confirmed."""
+    sent = 0
+    for _ in _bounded(max_count, deadline):
+        await comm.write(msg, serializers=SERIALIZERS)
+        sent += 1
+    await comm.write({"op": "flood-end"})
+    reply = await comm.read()
     if reply.get("count") != sent:
         raise RuntimeError(f"server received {reply.get('count')} of {sent} messages")
-    return Measurement(sent, seconds)
+    return sent
 
 
 async def nchains(address: str, spec: BenchSpec) -> Measurement:
-    """``spec.chains`` comms doing round trips concurrently: stresses
-    per-comm overhead and the backend's progress engine under fan-in."""
+    """``spec.comms`` comms doing round trips concurrently: latency under
+    load, stressing per-comm overhead and the backend's progress engine."""
     msg = _message("ping", _payload(spec.payload_bytes))
-    comms: list[Any] = []
-    try:
-        for _ in range(spec.chains):  # sequential: connect cost is not measured
-            comms.append(await connect(address, timeout=CONNECT_TIMEOUT_S))
+    async with _connected_many(address, spec.comms) as comms:
         await asyncio.gather(*(_warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
         start = perf_counter()
         deadline = start + spec.duration_s
@@ -275,8 +284,6 @@ async def nchains(address: str, spec: BenchSpec) -> Measurement:
             *(_ping(c, msg, spec.max_count, deadline) for c in comms)
         )
         return Measurement(sum(counts), perf_counter() - start)
-    finally:
-        await asyncio.gather(*(_close(c) for c in comms))
 
 
 KERNELS: dict[str, Callable[[str, BenchSpec], Awaitable[Measurement]]] = {

@@ -36,20 +36,23 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Generator, Iterable, Sequence
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
 from time import monotonic
 from typing import Any
 
 import distributed
 import numpy
+import psutil
 from distributed.comm.registry import get_backend
 
 from benchmarks._comm_peers import BenchSpec, Measurement, client_main, server_main
 from benchmarks._idle import IDLE_KIND, measure_idle
 from benchmarks._procs import Peer, PeerError, expect, receive, spawned
+from benchmarks._progress import SILENT, Progress
 
 MiB = 2**20
 
@@ -85,6 +88,11 @@ def _microseconds_each(m: Measurement, spec: BenchSpec) -> float:
     return m.seconds / m.count * 1e6
 
 
+def _microseconds_per_chain(m: Measurement, spec: BenchSpec) -> float:
+    """The round-trip time one of ``spec.comms`` concurrent chains saw."""
+    return spec.comms * m.seconds / m.count * 1e6
+
+
 def _mib_per_second_both_ways(m: Measurement, spec: BenchSpec) -> float:
     return 2 * spec.payload_bytes * m.count / m.seconds / MiB
 
@@ -97,10 +105,10 @@ def _cpu_seconds_per_idle_period(m: Measurement, spec: BenchSpec) -> float:
     return (m.cpu_seconds or 0.0) / m.seconds * IDLE_PER_S
 
 
-ROUND_TRIPS = Metric("rate", "round trips/s", True, _per_second)
 LATENCY = Metric("latency", "us/round trip", False, _microseconds_each)
 MESSAGES = Metric("rate", "messages/s", True, _per_second)
 ALL_CHAINS = Metric("rate", "round trips/s, all comms", True, _per_second)
+CHAIN_LATENCY = Metric("latency", "us/round trip, each comm", False, _microseconds_per_chain)
 BANDWIDTH = Metric("bandwidth", "MiB/s, 2*size*n/t", True, _mib_per_second_both_ways)
 IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False, _cpu_seconds_per_idle_period)
 
@@ -133,14 +141,15 @@ class _Plan:
     duration_s: tuple[float, float]
     max_count: tuple[int, int]
     warmup: tuple[int, int]
-    chains: int = 1
-    settle_s: float = 0.0
+    comms: int = 1
+    settle_s: tuple[float, float] = (0.0, 0.0)
 
     def build(self, quick: bool, duration_scale: float = 1.0) -> Benchmark:
         """The benchmark for one budget; ``duration_scale`` shortens the timed
         window (not the count caps) when a run has many configurations."""
         pick = 0 if quick else 1
         duration = self.duration_s[pick] * duration_scale
+        settle = self.settle_s[pick]
         spec = BenchSpec(
             name=self.name,
             kind=self.kind,
@@ -148,32 +157,67 @@ class _Plan:
             duration_s=duration,
             max_count=self.max_count[pick],
             warmup=self.warmup[pick],
-            timeout_s=self.settle_s + duration + _SLACK_S[quick],
-            chains=self.chains,
-            settle_s=self.settle_s,
+            timeout_s=settle + duration + _SLACK_S[quick],
+            comms=self.comms,
+            settle_s=settle,
         )
         return Benchmark(spec, self.metrics)
 
 
+KiB = 2**10
+
+#: The ping-pong sweep, 8 B .. 64 MiB: latency where small, bandwidth where large.
+PINGPONG_SIZES = (8, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB)
+#: Flood payloads (a tiny task message; a small array chunk) and concurrent senders.
+FLOOD_SIZES = (8, 16 * KiB)
+FLOOD_SENDERS = (1, 4, 16)
+#: Concurrent ping-pong chains for latency under load.
+CHAINS = (1, 4, 16, 64, 256, 1024)
+
+
+def size_name(nbytes: int) -> str:
+    """``8B``, ``16KiB``, ``64MiB``: sizes as they appear in benchmark names."""
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def _pingpong(size: int) -> _Plan:
+    """Round trips of one message; big ones get a longer window (each takes
+    tens of ms) and fewer untimed warm-up trips."""
+    big = size >= 16 * MiB
+    return _Plan(f"pingpong-{size_name(size)}", "pingpong", size, (LATENCY, BANDWIDTH),
+                 duration_s=(0.2, 1.5) if big else (0.05, 0.3),
+                 max_count=(200, 200_000),
+                 warmup=(1, 1) if big else (2, 100 if size <= 64 * KiB else 5))
+
+
+def _flood(size: int, senders: int) -> _Plan:
+    return _Plan(f"flood-{size_name(size)}-x{senders}", "flood", size, (MESSAGES,),
+                 comms=senders, duration_s=(0.05, 0.5), max_count=(500, 2_000_000),
+                 warmup=(2, 20))
+
+
+def _nchains(chains: int) -> _Plan:
+    return _Plan(f"nchains-{chains}", "nchains", 8, (ALL_CHAINS, CHAIN_LATENCY), comms=chains,
+                 duration_s=(0.05, 0.5), max_count=(5, 100_000), warmup=(1, 2))
+
+
 _PLANS = (
-    _Plan("roundtrip", "pingpong", 8, (ROUND_TRIPS, LATENCY),
-          duration_s=(0.1, 1.0), max_count=(300, 200_000), warmup=(5, 100)),
-    _Plan("flood", "flood", 8, (MESSAGES,),
-          duration_s=(0.1, 1.0), max_count=(2_000, 2_000_000), warmup=(5, 100)),
-    _Plan("nchains", "nchains", 8, (ALL_CHAINS,), chains=64,
-          duration_s=(0.1, 1.0), max_count=(10, 100_000), warmup=(1, 5)),
-    _Plan("pingpong-1MiB", "pingpong", MiB, (BANDWIDTH,),
-          duration_s=(0.1, 1.0), max_count=(10, 50_000), warmup=(1, 5)),
-    _Plan("pingpong-64MiB", "pingpong", 64 * MiB, (BANDWIDTH,),
-          duration_s=(0.2, 2.0), max_count=(2, 1_000), warmup=(1, 1)),
-    _Plan("idle", IDLE_KIND, 0, (IDLE_CPU,), settle_s=2.0,
-          duration_s=(2.0, 10.0), max_count=(1, 1), warmup=(0, 0)),
+    *(_pingpong(size) for size in PINGPONG_SIZES),
+    *(_flood(size, senders) for size in FLOOD_SIZES for senders in FLOOD_SENDERS),
+    *(_nchains(chains) for chains in CHAINS),
+    _Plan("idle", IDLE_KIND, 0, (IDLE_CPU,), settle_s=(0.5, 2.0),
+          duration_s=(1.0, 10.0), max_count=(1, 1), warmup=(0, 0)),
 )
 
 BENCHMARK_NAMES = tuple(p.name for p in _PLANS)
 
-#: Everything but ``idle``: the benchmarks that only need a server/client pair.
-COMM_BENCHMARK_NAMES = tuple(p.name for p in _PLANS if p.kind != IDLE_KIND)
+
+def family(name: str) -> str:
+    """``pingpong``, ``flood``, ``nchains``...: what tables group rows by."""
+    return name.split("-")[0]
 
 
 @dataclass(frozen=True)
@@ -281,6 +325,32 @@ def probe_scheme(scheme: str) -> SchemeStatus:
     return SchemeStatus(True, "ok")
 
 
+def probe_configurations(configurations: Sequence[Configuration]) -> dict[str, SchemeStatus]:
+    """The status of each configuration, by label.
+
+    A scheme must load (:func:`probe_scheme`); a configuration with Dask
+    overrides must also be accepted where it matters, at start-up in a process
+    of its own: a server peer with the overrides has to come up listening.
+    A setting the backend rejects (a provider it does not ship) thus marks
+    its configuration "unavailable" before the run instead of failing every
+    round.  The servers start all at once, so probing costs one start-up.
+    """
+    status = {c.label: probe_scheme(c.scheme) for c in configurations}
+    to_start = [c for c in configurations if c.dask_config and status[c.label].available]
+    with ExitStack() as stack:
+        servers = {
+            c.label: stack.enter_context(spawned(server_main, c.scheme, name=f"{c.label}-probe",
+                                                 dask_config=c.overrides))
+            for c in to_start
+        }
+        for label, server in servers.items():
+            try:
+                _await_server(server)
+            except PeerError as exc:
+                status[label] = SchemeStatus(False, "unavailable", f"rejected at start-up: {exc}")
+    return status
+
+
 # -------------------------------------------------------------------- running
 
 
@@ -318,11 +388,17 @@ class Report:
 
     def ratio(self, bench: Benchmark, metric: Metric, label: str, baseline: str) -> float | None:
         """``label`` relative to ``baseline``, oriented so that >1 means better."""
+        quotient = self.quotient(bench, metric, label, baseline)
+        if quotient is None:
+            return None
+        return quotient if metric.higher_is_better else 1 / quotient
+
+    def quotient(self, bench: Benchmark, metric: Metric, label: str, baseline: str
+                 ) -> float | None:
+        """The median of ``label`` over that of ``baseline``, as measured."""
         ours = self.median(bench, metric, label)
         base = self.median(bench, metric, baseline)
-        if not ours or not base:
-            return None
-        return ours / base if metric.higher_is_better else base / ours
+        return ours / base if ours and base else None
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.error is not None]
@@ -346,29 +422,32 @@ RoundRunner = Callable[["RunConfig", "Configuration", int, Callable[["Outcome"],
 
 def run(
     config: RunConfig,
-    progress: Callable[[str], None] = lambda line: None,
+    progress: Progress = SILENT,
     run_round: RoundRunner | None = None,
+    title: str = "benchmarks",
 ) -> Report:
-    """Run all rounds, every configuration once per round.
+    """Run all rounds, every available configuration once per round.
 
     ``run_round`` is what one configuration does in one round (default: the
     comm benchmarks, then ``idle``); other suites (``dask``) bring their own
-    and share the alternation, the medians and the reporting.
+    and share the alternation, the medians and the reporting.  ``progress``
+    gets one step per benchmark, configuration and round.
     """
     run_round = run_round or _run_round
     report = Report(
         config=config,
-        status={c.label: probe_scheme(c.scheme) for c in config.configurations},
+        status=probe_configurations(config.configurations),
         environment=_environment(),
     )
     runnable = [c for c in config.configurations if report.status[c.label].available]
+    progress.start(title, config.rounds * len(runnable) * len(config.benchmarks))
     for label, status in report.status.items():
         if not status.available:
-            progress(f"{label}: {status.label} ({status.detail})")
+            progress.note(f"{label}: {status.label} ({status.detail})")
 
     def record(outcome: Outcome) -> None:
         report.outcomes.append(outcome)
-        progress(_progress_line(config, outcome))
+        progress.step(_progress_line(config, outcome))
 
     for round_index in range(config.rounds):
         for configuration in rotated(runnable, round_index):
@@ -538,29 +617,36 @@ def medians_table(
     report: Report,
     header: tuple[str, str],
     describe: Callable[[Benchmark, Metric], str],
-    ratio: Callable[[Benchmark, Metric, str], float | None],
-    ratio_labels: Sequence[str],
-    baseline: str,
+    ratio: Callable[[Benchmark, Metric, str, str], float | None],
+    ratio_pairs: Sequence[tuple[str, str]],
     unit: str = "",
+    group: Callable[[Benchmark], str] = lambda bench: family(bench.spec.name),
 ) -> list[str]:
     """The lines of a summary table: one row per benchmark metric with its
     name and ``describe(bench, metric)`` (headed by ``header``), the median
     of every configuration (headed by its label and ``unit``), then a
-    ``<label>/<baseline>`` column per ``ratio_labels``, filled by ``ratio``."""
+    ``<label>/<baseline>`` column per pair of ``ratio_pairs``, filled by
+    ``ratio(bench, metric, label, baseline)``; a rule wherever ``group``
+    changes (default: between benchmark families)."""
     labels = report.config.labels
     head = [*header, *(f"{label}{unit}" for label in labels),
-            *(f"{label}/{baseline}" for label in ratio_labels)]
-    rows = [
-        [
-            bench.spec.name,
-            describe(bench, metric),
-            *(median_cell(report, bench, metric, label) for label in labels),
-            *(format_ratio(ratio(bench, metric, label)) for label in ratio_labels),
-        ]
-        for bench in report.config.benchmarks
-        for metric in bench.metrics
-    ]
-    return align([head, *rows], label_columns=2)
+            *(f"{label}/{baseline}" for label, baseline in ratio_pairs)]
+    rows, rules, previous = [], [1], None
+    for bench in report.config.benchmarks:
+        if previous is not None and group(bench) != previous:
+            rules.append(len(rows) + 1)
+        previous = group(bench)
+        rows.extend(
+            [
+                bench.spec.name,
+                describe(bench, metric),
+                *(median_cell(report, bench, metric, label) for label in labels),
+                *(format_ratio(ratio(bench, metric, label, baseline))
+                  for label, baseline in ratio_pairs),
+            ]
+            for metric in bench.metrics
+        )
+    return align([head, *rows], label_columns=2, rules=rules)
 
 
 def align(rows: list[list[str]], label_columns: int, rules: Sequence[int] = (1,)) -> list[str]:
@@ -571,7 +657,7 @@ def align(rows: list[list[str]], label_columns: int, rules: Sequence[int] = (1,)
     for row in rows:
         cells = [
             cell.ljust(width) if i < label_columns else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths))
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
     rule = "-" * max(map(len, lines))
@@ -592,8 +678,20 @@ def common_footnotes(report: Report, explanations: Sequence[str] = ()) -> list[s
         "Units: higher is better unless marked; MiB/s counts both directions "
         "(2 * payload * round trips / s); pingpong payloads are random bytes.",
         *explanations,
+        machine_note(report),
     ]
     return notes + problem_notes(report)
+
+
+def machine_note(report: Report) -> str:
+    """Where and what was measured, in one line."""
+    env = report.environment
+    settings = env["lci_settings"]
+    providers = ", ".join(settings["providers"]) if isinstance(settings, dict) else settings
+    return (f"Measured: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']:g} GiB, "
+            f"load average {env['load_average'][0]:g} at the start (other work on the machine "
+            f"adds noise), Python {env['python']}, distributed {env['distributed']}; "
+            f"code {env['source']}, lci providers [{providers}].")
 
 
 def problem_notes(report: Report) -> list[str]:
@@ -609,9 +707,10 @@ def problem_notes(report: Report) -> list[str]:
     return notes
 
 
-def to_json(report: Report, baseline: str | None) -> dict[str, Any]:
+def to_json(report: Report, ratio_pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """Everything needed to recompute the tables: raw per-round numbers too;
-    ratios are given against ``baseline`` (a label) if there is one."""
+    ratios (oriented: >1 means the first label is better) for each
+    ``(label, baseline)`` of ``ratio_pairs``, keyed ``"label/baseline"``."""
     config = report.config
     return {
         "environment": report.environment,
@@ -621,13 +720,13 @@ def to_json(report: Report, baseline: str | None) -> dict[str, Any]:
             ],
             "rounds": config.rounds,
             "quick": config.quick,
-            "baseline": baseline,
+            "ratios": [f"{label}/{baseline}" for label, baseline in ratio_pairs],
             "median": "of successful rounds; even count: the worse middle value",
             "benchmarks": [asdict(b.spec) for b in config.benchmarks],
         },
         "status": {label: asdict(status) for label, status in report.status.items()},
         "results": [
-            _metric_json(report, bench, metric, baseline)
+            _metric_json(report, bench, metric, ratio_pairs)
             for bench in config.benchmarks
             for metric in bench.metrics
         ],
@@ -636,13 +735,8 @@ def to_json(report: Report, baseline: str | None) -> dict[str, Any]:
 
 
 def _metric_json(
-    report: Report, bench: Benchmark, metric: Metric, baseline: str | None
+    report: Report, bench: Benchmark, metric: Metric, ratio_pairs: Sequence[tuple[str, str]]
 ) -> dict[str, Any]:
-    ratios = {} if baseline is None else {
-        label: report.ratio(bench, metric, label, baseline)
-        for label in report.config.labels
-        if label != baseline
-    }
     return {
         "benchmark": bench.spec.name,
         "metric": metric.key,
@@ -656,7 +750,10 @@ def _metric_json(
             }
             for label in report.config.labels
         },
-        "ratio_vs_baseline": ratios,
+        "ratios": {
+            f"{label}/{baseline}": report.ratio(bench, metric, label, baseline)
+            for label, baseline in ratio_pairs
+        },
     }
 
 
@@ -674,18 +771,54 @@ def _outcome_json(o: Outcome) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    """The machine and versions, plus any lci knobs the harness inherited:
-    those silently change every lci configuration of the run."""
+    """The machine, the versions and the code measured, plus any lci knobs
+    the harness inherited: those silently change every lci configuration."""
     return {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_average": [round(load, 2) for load in os.getloadavg()],
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "distributed": distributed.__version__,
         "numpy": numpy.__version__,
+        "source": _source_revision(),
+        "lci_settings": _lci_settings(),
         "argv": sys.argv,
         "inherited_lci_env": {k: v for k, v in os.environ.items() if k.startswith(LCI_ENV_PREFIX)},
     }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def _lci_settings() -> dict[str, Any] | str:
+    """The lci:// settings every configuration starts from (defaults plus
+    the inherited environment), or why they are invalid."""
+    from dask_lcicomm.config import Settings
+
+    try:
+        return asdict(Settings.from_config())
+    except ValueError as exc:
+        return _one_line(exc)
+
+
+def _source_revision() -> str:
+    """The commit of the code measured, marked ``-dirty`` when the work tree
+    differs from it: numbers of uncommitted code are not the commit's."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10, cwd=os.path.dirname(__file__))
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -16,10 +16,16 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+#: What every PNG file starts with.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
 def run_cli(args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m benchmarks <args> --json out``; its process and JSON."""
+    """Run ``python -m benchmarks <args> --json out --plot <out's folder>/figures``;
+    its process and JSON."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args, "--json", str(out)],
+        [sys.executable, "-m", "benchmarks", *args, "--json", str(out),
+         "--plot", str(out.parent / "figures")],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -53,3 +59,24 @@ def assert_all_measured(data: dict[str, Any], label: str, benchmarks: set[str]) 
         assert len(numbers["rounds"]) == data["config"]["rounds"], where
         assert all(_acceptable(v, good) for v in numbers["rounds"]), where
         assert _acceptable(numbers["median"], good), where
+
+
+def assert_figures(folder: Path, names: set[str]) -> None:
+    """Exactly ``names`` were drawn into ``folder``, each a PNG with content."""
+    assert {path.name for path in folder.glob("*.png")} == names
+    for name in names:
+        data = (folder / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE), name
+        assert len(data) > 10_000, f"{name}: {len(data)} bytes, an empty figure?"
+
+
+def assert_scheme_column(data: dict[str, Any], stdout: str, scheme: str, benchmarks: set[str]) -> None:
+    """An optional scheme was either measured in full, or it is marked not
+    installed in the JSON and in the table instead of failing the run."""
+    status = data["status"][scheme]
+    if status["available"]:
+        assert_all_measured(data, scheme, benchmarks)
+    else:
+        assert status["label"] == "not installed", status
+        assert not [r for r in data["raw"] if r["configuration"] == scheme]
+        assert "not installed" in stdout

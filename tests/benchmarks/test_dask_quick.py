@@ -1,8 +1,10 @@
 """Smoke test for ``python -m benchmarks dask --quick``.
 
-Runs the real CLI once (see :mod:`_cli`) and checks that every graph produced
-a positive time for lci and tcp, and that the in-process reference ran too.
-No timing assertions: the CI machines are noisy.
+Runs the real CLI once with its default schemes (see :mod:`_cli`) and checks
+that every graph produced a positive time for lci, tcp and the in-process
+reference, that ucxx was either measured or is marked "not installed", that
+the targets were judged on the run's own ratios, and that the figure was
+drawn.  No timing assertions: the CI machines are noisy.
 """
 
 from __future__ import annotations
@@ -10,36 +12,70 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _cli import assert_all_measured, run_cli
+from _cli import assert_all_measured, assert_figures, assert_scheme_column, run_cli
 
-SCHEMES = ("lci", "tcp")
-GRAPHS = ("move", "gather", "array", "tree", "shuffle")
+LABELS = ("lci", "tcp", "inproc")
+BULK = ("move", "gather", "rechunk-tasks", "rechunk-p2p")
+COMPUTE = ("array", "shuffle", "tree", "amt")
+GRAPHS = {*BULK, *COMPUTE}
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One quick run for both schemes (and inproc); each configuration is then
+    """One quick run for all schemes (and inproc); each configuration is then
     checked separately so that a broken backend does not hide the others."""
     out = tmp_path_factory.mktemp("bench") / "dask.json"
-    return run_cli(["dask", "--quick", "--schemes", ",".join(SCHEMES)], out, timeout_s=240)
+    return run_cli(["dask", "--quick"], out, timeout_s=240) | {"out": out}
+
+
+def test_exit_status(quick_run: dict[str, Any]) -> None:
+    proc = quick_run["proc"]
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_table_printed(quick_run: dict[str, Any]) -> None:
     stdout = quick_run["proc"].stdout
-    for column in ("lci [s]", "tcp [s]", "inproc [s]", "lci/tcp", "inproc/tcp"):
+    for column in ("lci [s]", "tcp [s]", "ucxx [s]", "inproc [s]", "lci/tcp", "inproc/tcp"):
         assert column in stdout
     for name in GRAPHS:
-        assert name in stdout
+        assert f"\n{name} " in stdout, name
 
 
-@pytest.mark.parametrize("label", [*SCHEMES, "inproc"])
+@pytest.mark.parametrize("label", LABELS)
 def test_positive_times(quick_run: dict[str, Any], label: str) -> None:
-    assert_all_measured(quick_run["data"], label, set(GRAPHS))
+    assert_all_measured(quick_run["data"], label, GRAPHS)
+
+
+def test_ucxx_measured_or_marked(quick_run: dict[str, Any]) -> None:
+    assert_scheme_column(quick_run["data"], quick_run["proc"].stdout, "ucxx", GRAPHS)
+
+
+def test_kinds_recorded(quick_run: dict[str, Any]) -> None:
+    kinds = {r["benchmark"]: r["kind"] for r in quick_run["data"]["results"]}
+    assert kinds == {**dict.fromkeys(BULK, "bulk"), **dict.fromkeys(COMPUTE, "compute")}
 
 
 def test_time_ratios_recorded(quick_run: dict[str, Any]) -> None:
     """The JSON carries the table's ratios (<x>/tcp, <1 = faster)."""
     for result in quick_run["data"]["results"]:
-        ratios = result["time_ratio_vs_baseline"]
-        assert set(ratios) == {"lci", "inproc"}, result["benchmark"]
-        assert all(r is not None and r > 0 for r in ratios.values()), result["benchmark"]
+        ratios = result["time_ratios"]
+        assert {"lci/tcp", "inproc/tcp"} <= set(ratios), result["benchmark"]
+        assert ratios["lci/tcp"] > 0 and ratios["inproc/tcp"] > 0, result["benchmark"]
+
+
+def test_targets_judged(quick_run: dict[str, Any]) -> None:
+    """Every graph has its lci/tcp target, judged on the ratio in the table."""
+    results = {r["benchmark"]: r for r in quick_run["data"]["results"]}
+    targets = {t["benchmark"]: t for t in quick_run["data"]["targets"]}
+    assert set(targets) == GRAPHS
+    for name, target in targets.items():
+        ratio = results[name]["time_ratios"]["lci/tcp"]
+        assert target["ratio"] == pytest.approx(ratio), name
+        assert target["met"] == (ratio <= float(target["wanted"].split("<=")[1])), name
+        verdict = "met" if target["met"] else "MISSED"
+        assert any(line.split()[:2] == ["dask", name] and verdict in line
+                   for line in quick_run["proc"].stdout.splitlines()), name
+
+
+def test_figure_drawn(quick_run: dict[str, Any]) -> None:
+    assert_figures(quick_run["out"].parent / "figures", {"dask.png"})

@@ -2,7 +2,11 @@
 
 * A ``--quick`` smoke run of the real CLI, restricted to two variants to stay
   short: every configuration (default lci, tcp and both variants) produced
-  positive numbers for every benchmark.  No timing assertions.
+  positive numbers for every benchmark, or -- for the shared-memory provider
+  only -- was rejected at start-up and is marked unavailable.  No timing
+  assertions.
+* A configuration the backend rejects at start-up is marked unavailable in
+  its row, and the run goes on with the others.
 * Every variant, applied to a peer process the way the harness does it,
   really switches its knob (and only it) in the settings the backend reads
   there: an ablation whose knob silently stayed at its default would report
@@ -14,24 +18,34 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import dask.config
 import pytest
-from _cli import assert_all_measured, run_cli
+from _cli import assert_all_measured, assert_figures, run_cli
 from _settings_probe import report_settings
 
+from benchmarks import variants
+from benchmarks._harness import make_run_config, probe_configurations
 from benchmarks._procs import expect, spawned
-from benchmarks.variants import VARIANTS, Variant
+from benchmarks.variants import BENCHMARKS, DEFAULT, VARIANTS, Variant
 from dask_lcicomm.config import Settings
 
-SMOKE_VARIANTS = ("thread", "eager-0")
+SMOKE_VARIANTS = ("sync", "providers-shm")
 LABELS = ("lci", "tcp", *SMOKE_VARIANTS)
-BENCHMARKS = {"roundtrip", "flood", "nchains", "pingpong-1MiB", "pingpong-64MiB"}
+
+#: The two provider variants: one of them restates the shipped default.
+PROVIDER_VARIANTS = ("providers-tcp", "providers-shm")
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "variants.json"
     args = ["variants", "--quick", "--variants", ",".join(SMOKE_VARIANTS)]
-    return run_cli(args, out, timeout_s=180)
+    return run_cli(args, out, timeout_s=180) | {"out": out}
+
+
+def test_exit_status(quick_run: dict[str, Any]) -> None:
+    proc = quick_run["proc"]
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_table_has_a_row_per_variant(quick_run: dict[str, Any]) -> None:
@@ -42,24 +56,81 @@ def test_table_has_a_row_per_variant(quick_run: dict[str, Any]) -> None:
         assert name in lines[0]
 
 
+def test_table_says_what_each_variant_set(quick_run: dict[str, Any]) -> None:
+    rows = {line.split()[0]: line for line in quick_run["proc"].stdout.splitlines() if line}
+    assert "completion=sync" in rows["sync"]
+    assert "providers=[shm, tcp]" in rows["providers-shm"]
+
+
 @pytest.mark.parametrize("label", LABELS)
-def test_positive_numbers(quick_run: dict[str, Any], label: str) -> None:
-    assert_all_measured(quick_run["data"], label, BENCHMARKS)
+def test_measured_or_unavailable(quick_run: dict[str, Any], label: str) -> None:
+    data = quick_run["data"]
+    if label == "providers-shm" and not data["status"][label]["available"]:
+        assert data["status"][label]["label"] == "unavailable"
+        row = next(line for line in quick_run["proc"].stdout.splitlines()
+                   if line.startswith("providers-shm "))
+        assert row.count("unavailable") == len(BENCHMARKS)
+    else:
+        assert_all_measured(data, label, set(BENCHMARKS))
 
 
 def test_ratios_against_default(quick_run: dict[str, Any]) -> None:
-    for result in quick_run["data"]["results"]:
-        ratios = result["ratio_vs_baseline"]
-        assert set(ratios) == set(LABELS) - {"lci"}
-        assert all(r is not None and r > 0 for r in ratios.values()), result
+    data = quick_run["data"]
+    measured = {label for label in LABELS if data["status"][label]["available"]} - {"lci"}
+    for result in data["results"]:
+        ratios = result["ratios"]
+        assert set(ratios) == {f"{label}/lci" for label in set(LABELS) - {"lci"}}
+        assert all(ratios[f"{label}/lci"] > 0 for label in measured), result
+
+
+def test_figure_drawn(quick_run: dict[str, Any]) -> None:
+    assert_figures(quick_run["out"].parent / "figures", {"variants.png"})
+
+
+def test_rejected_configuration_is_unavailable() -> None:
+    """A provider the backend does not ship: its row says "unavailable" and
+    the default lci is still measured in the same run."""
+    bogus = Variant.of("providers-bogus", {"providers": ["bogus", "tcp"]})
+    config = make_run_config([DEFAULT, bogus.configuration()], quick=True, rounds=1,
+                             only=["pingpong-8B"])
+    report = variants.run(config)
+    assert not report.status["providers-bogus"].available
+    assert "rejected at start-up" in report.status["providers-bogus"].detail
+    assert "bogus" in report.status["providers-bogus"].detail
+    assert {o.configuration for o in report.outcomes} == {"lci"}
+    assert not report.failures()
+    table = variants.format_table(report)
+    row = next(line for line in table.splitlines() if line.startswith("providers-bogus "))
+    assert row.split()[-1] == "unavailable"
+
+
+def _settings_in(dask_config: dict[str, Any]) -> dict[str, Any]:
+    with dask.config.set(dask_config):
+        return asdict(Settings.from_config())
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_variant_switches_its_knob(variant: Variant) -> None:
+    try:
+        expected = _settings_in(variant.dask_config)
+    except ValueError:  # not accepted by this build: the harness must say so
+        status = probe_configurations([variant.configuration()])[variant.name]
+        assert not status.available and "rejected at start-up" in status.detail
+        return
     with spawned(report_settings, name=f"{variant.name}-probe",
                  dask_config=variant.dask_config) as child:
         settings = expect(child, "settings", timeout_s=60)
+    assert settings == expected
     default = asdict(Settings.from_config())  # what the child has without the variant
     changed = {key for key, value in settings.items() if value != default[key]}
-    # progress-threads=2 only means something with progress=thread: both must change.
-    assert changed == {key.replace("-", "_") for key, _ in variant.knobs}
+    knobs = {key.replace("-", "_") for key, _ in variant.knobs}
+    # progress-threads=2 only means something with progress=thread: both must
+    # change; one provider variant restates the shipped providers (see below).
+    restates_default = variant.name in PROVIDER_VARIANTS and not changed
+    assert changed == (set() if restates_default else knobs)
+
+
+def test_provider_variants_differ() -> None:
+    """Of the two provider variants, one may be the default, not both."""
+    settings = [v.dask_config for v in VARIANTS if v.name in PROVIDER_VARIANTS]
+    assert len(settings) == 2 and settings[0] != settings[1]

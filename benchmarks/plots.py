@@ -1,0 +1,230 @@
+"""Figures of a run, drawn from its JSON (what ``--json`` writes), so that a
+saved run can be drawn again without measuring anything.
+
+* ``comm``: latency and bandwidth against message size, message-rate bars,
+  the nchains curve;
+* ``variants``: each variant's ratio to the default lci per benchmark;
+* ``dask``: time bars per graph and configuration.
+
+Every figure shows medians; where a configuration ran more than one round,
+error bars (or a band) span its fastest and slowest round, so a reader sees
+how much of a difference is noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed, none wanted
+
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks._harness import size_name  # noqa: E402
+
+__all__ = ["plot", "PLOTTERS"]
+
+Json = Mapping[str, Any]
+
+#: The figures' size in inches and resolution: readable in a README.
+_SIZE = (7.5, 4.5)
+_DPI = 110
+
+
+def _results(data: Json, benchmark_prefix: str, metric: str) -> list[Json]:
+    return [r for r in data["results"]
+            if r["benchmark"].startswith(benchmark_prefix) and r["metric"] == metric]
+
+
+def _specs(data: Json) -> dict[str, Json]:
+    return {spec["name"]: spec for spec in data["config"]["benchmarks"]}
+
+
+def _measured(data: Json) -> list[str]:
+    """Configurations that ran (an unavailable one has nothing to draw)."""
+    return [label for label, status in data["status"].items() if status["available"]]
+
+
+def _spread(result: Json, label: str) -> tuple[float, float, float] | None:
+    """Median, fastest and slowest successful round; None without any."""
+    numbers = result["per_configuration"][label]
+    rounds = [v for v in numbers["rounds"] if v is not None]
+    if numbers["median"] is None or not rounds:
+        return None
+    return numbers["median"], min(rounds), max(rounds)
+
+
+def _title(data: Json, what: str) -> str:
+    env = data["environment"]
+    quick = ", --quick: numbers mean nothing" if data["config"]["quick"] else ""
+    return (f"{what}\nmedian of {data['config']['rounds']} round(s), "
+            f"{env['cpu_count']} CPUs, distributed {env['distributed']}{quick}")
+
+
+def _not_measured(data: Json) -> str:
+    missing = [f"{label}: {status['label']}" for label, status in data["status"].items()
+               if not status["available"]]
+    return "not measured: " + "; ".join(missing) if missing else ""
+
+
+def _save(fig: Any, data: Json, outdir: Path, name: str) -> Path:
+    note = _not_measured(data)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+    path = outdir / name
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------- comm
+
+
+def _curve(ax: Any, data: Json, results: list[Json], x_of: Callable[[Json], float]) -> None:
+    """One line per configuration through its medians, a band over its rounds."""
+    for label in _measured(data):
+        points = sorted(
+            (x_of(r), *spread) for r in results if (spread := _spread(r, label)) is not None
+        )
+        if not points:
+            continue
+        x, median, low, high = map(np.array, zip(*points, strict=True))
+        (line,) = ax.plot(x, median, marker="o", label=label)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _sweep(data: Json, outdir: Path, metric: str, ylabel: str, name: str) -> Path:
+    results = _results(data, "pingpong-", metric)
+    specs = _specs(data)
+    fig, ax = plt.subplots(figsize=_SIZE)
+    _curve(ax, data, results, lambda r: specs[r["benchmark"]]["payload_bytes"])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    sizes = sorted(specs[r["benchmark"]]["payload_bytes"] for r in results)
+    ax.set_xticks(sizes, [size_name(s) for s in sizes], rotation=45)
+    ax.set_xlabel("message size (one ping-pong message)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(_title(data, f"Ping-pong {metric} against message size"), fontsize=10)
+    return _save(fig, data, outdir, name)
+
+
+def _grouped_bars(ax: Any, data: Json, results: list[Json], labels: Sequence[str]) -> None:
+    """A group of bars per result, one bar per label, whiskers over its rounds."""
+    width = 0.8 / max(len(labels), 1)
+    positions = np.arange(len(results))
+    for i, label in enumerate(labels):
+        spreads = [_spread(r, label) for r in results]
+        median = np.array([s[0] if s else np.nan for s in spreads])
+        error = np.array([[s[0] - s[1], s[2] - s[0]] if s else [0, 0] for s in spreads]).T
+        ax.bar(positions + (i - (len(labels) - 1) / 2) * width, median, width,
+               yerr=error if len(error) else None, capsize=2, label=label)
+    ax.set_xticks(positions, [r["benchmark"] for r in results], rotation=30, ha="right")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _flood(data: Json, outdir: Path) -> Path:
+    fig, ax = plt.subplots(figsize=_SIZE)
+    _grouped_bars(ax, data, _results(data, "flood-", "rate"), _measured(data))
+    ax.set_ylabel("messages/s (higher is better)")
+    ax.set_title(_title(data, "Flood: message rate of one-way writes, by size and senders"),
+                 fontsize=10)
+    return _save(fig, data, outdir, "comm-flood.png")
+
+
+def _nchains(data: Json, outdir: Path) -> Path:
+    specs = _specs(data)
+    fig, (rate, latency) = plt.subplots(1, 2, figsize=(_SIZE[0] * 1.4, _SIZE[1]))
+    for ax, metric, ylabel in ((rate, "rate", "round trips/s, all comms (higher is better)"),
+                               (latency, "latency", "us per round trip, each comm")):
+        _curve(ax, data, _results(data, "nchains-", metric), lambda r: specs[r["benchmark"]]["comms"])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent chains (comms)")
+        ax.set_ylabel(ylabel)
+    fig.suptitle(_title(data, "nchains: latency under load"), fontsize=10)
+    return _save(fig, data, outdir, "comm-nchains.png")
+
+
+def plot_comm(data: Json, outdir: Path) -> list[Path]:
+    return [
+        _sweep(data, outdir, "latency", "us per round trip (lower is better)", "comm-latency.png"),
+        _sweep(data, outdir, "bandwidth", "MiB/s, both directions (higher is better)",
+               "comm-bandwidth.png"),
+        _flood(data, outdir),
+        _nchains(data, outdir),
+    ]
+
+
+# ------------------------------------------------------------------ variants
+
+
+def _headlines(data: Json) -> list[Json]:
+    """Each benchmark's first metric: the one the variants table shows."""
+    seen: dict[str, Json] = {}
+    for result in data["results"]:
+        seen.setdefault(result["benchmark"], result)
+    return list(seen.values())
+
+
+def plot_variants(data: Json, outdir: Path) -> list[Path]:
+    results = _headlines(data)
+    baseline = data["config"]["configurations"][0]["label"]
+    rows = [label for label in data["status"] if label != baseline]
+    fig, ax = plt.subplots(figsize=(_SIZE[0], 1.5 + 0.1 * len(rows) * max(len(results), 1)))
+    height = 0.8 / max(len(results), 1)
+    positions = np.arange(len(rows))
+    for i, result in enumerate(results):
+        ratios = np.array([result["ratios"].get(f"{row}/{baseline}") for row in rows],
+                          dtype=float)  # None -> nan: no bar
+        # Bars grow from 1 (no effect) towards the ratio, left when worse.
+        ax.barh(positions + (i - (len(results) - 1) / 2) * height, ratios - 1, height,
+                left=1.0, label=result["benchmark"])
+    for position, row in zip(positions, rows, strict=True):
+        status = data["status"][row]
+        if not status["available"]:
+            ax.text(1.0, position, f"  {status['label']}", va="center", fontsize=8, color="dimgray")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_yticks(positions, rows)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ratio to default {baseline} (>1 is better)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_title(_title(data, f"Variants: one knob switched against default {baseline}"),
+                 fontsize=10)
+    return [_save(fig, data, outdir, "variants.png")]
+
+
+# ---------------------------------------------------------------------- dask
+
+
+def plot_dask(data: Json, outdir: Path) -> list[Path]:
+    fig, ax = plt.subplots(figsize=(_SIZE[0] * 1.2, _SIZE[1]))
+    _grouped_bars(ax, data, _results(data, "", "time"), _measured(data))
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (lower is better)")
+    ax.set_title(_title(data, "Dask graphs on a 2-worker LocalCluster"), fontsize=10)
+    return [_save(fig, data, outdir, "dask.png")]
+
+
+PLOTTERS: dict[str, Callable[[Json, Path], list[Path]]] = {
+    "comm": plot_comm,
+    "variants": plot_variants,
+    "dask": plot_dask,
+}
+
+
+def plot(command: str, data: Json, outdir: Path) -> list[Path]:
+    """Draw ``command``'s figures from its JSON into ``outdir``; their paths."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    return PLOTTERS[command](data, outdir)
