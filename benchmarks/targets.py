@@ -59,7 +59,27 @@ def _ucxx_target(benchmark: str, metric: str) -> Target:
     return Target("comm", benchmark, metric, "lci", "ucxx", 2.0, speedup=True)
 
 
+def _tcp_target(benchmark: str, metric: str, bound: float) -> Target:
+    return Target("comm", benchmark, metric, "lci", "tcp", bound, speedup=True)
+
+
+def _shm_target(benchmark: str, metric: str) -> Target:
+    """Shared memory on one host no worse than the tcp provider."""
+    return Target("variants", benchmark, metric, "lci", "providers-tcp", 1.0, speedup=True)
+
+
 TARGETS = (
+    # the backend: small messages
+    _tcp_target("pingpong-8B", "latency", 2.0),
+    _tcp_target("flood-8B-x1", "rate", 2.5),
+    _tcp_target("nchains-64", "rate", 2.0),
+    # shared memory on one host (the default there)
+    _tcp_target("pingpong-64MiB", "bandwidth", 3.0),
+    _tcp_target("pingpong-1MiB", "bandwidth", 2.0),
+    _tcp_target("flood-16KiB-x1", "rate", 2.0),
+    _shm_target("pingpong-8B", "latency"),
+    _shm_target("flood-8B-x1", "rate"),
+    # Dask graphs
     _time_target("move", 0.5),
     _time_target("gather", 0.4),
     _time_target("rechunk-tasks", 0.8),

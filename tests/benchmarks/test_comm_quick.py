@@ -55,13 +55,19 @@ def test_ucxx_measured_or_marked(quick_run: dict[str, Any]) -> None:
     assert_scheme_column(quick_run["data"], quick_run["proc"].stdout, "ucxx", BENCHMARKS)
 
 
-def test_ucxx_targets_judged_or_explained(quick_run: dict[str, Any]) -> None:
-    """The targets against ucxx are in the JSON: with a ratio and a verdict
-    when ucxx ran, else with the reason there is none."""
+def test_targets_judged_or_explained(quick_run: dict[str, Any]) -> None:
+    """The comm targets are in the JSON: those against tcp always judged; those
+    against ucxx with a ratio and a verdict when ucxx ran, else with the reason
+    there is none."""
     data = quick_run["data"]
     targets = data["targets"]
-    assert {t["benchmark"] for t in targets} >= {"pingpong-8B", "pingpong-1MiB"}
-    for target in targets:
+    against_tcp = [t for t in targets if "lci/tcp" in t["wanted"]]
+    assert {t["benchmark"] for t in against_tcp} >= {"pingpong-8B", "pingpong-64MiB", "flood-16KiB-x1"}
+    for target in against_tcp:
+        assert target["ratio"] > 0 and isinstance(target["met"], bool), target
+    against_ucxx = [t for t in targets if "lci/ucxx" in t["wanted"]]
+    assert {t["benchmark"] for t in against_ucxx} >= {"pingpong-8B", "pingpong-1MiB"}
+    for target in against_ucxx:
         if data["status"]["ucxx"]["available"]:
             assert target["ratio"] > 0 and isinstance(target["met"], bool), target
         else:
