@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
     _dask_command(commands)
     _all_command(commands)
     _plot_command(commands)
+    # Listed for --help only: main() hands "asap" and its own options to benchmarks.asap.
+    commands.add_parser(
+        "asap", help="ASAP against bsp, bsp-ring and async on a simulated 8-host testbed "
+        "(see: python -m benchmarks asap --help)",
+    )
     return parser
 
 
