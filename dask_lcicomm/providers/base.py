@@ -214,7 +214,18 @@ class Device(ABC):
 
     def on_writable(self) -> bool:
         """Progress the send side; True when nothing is left to send."""
+        return self._progress_sends(blocked_only=False)
+
+    def resume_blocked_sends(self) -> None:
+        """Progress the send side if a send is waiting for the fabric; for
+        providers whose ``fileno`` never becomes writable. The check is made
+        under the lock, so a flush that is just blocking is not missed."""
+        self._progress_sends(blocked_only=True)
+
+    def _progress_sends(self, blocked_only: bool) -> bool:
         with self._lock:
+            if blocked_only and not self._writing:
+                return True
             done = self._send()
             self._writing = not done
             if done and self._finishing:

@@ -262,7 +262,7 @@ class ShmDevice(Device):
     def on_readable(self) -> bool:
         self._take_doorbell()
         self._reader.woken()
-        self._resume_sending()
+        self.resume_blocked_sends()
         return super().on_readable()
 
     def _take_doorbell(self) -> None:
@@ -276,15 +276,6 @@ class ShmDevice(Device):
             pass
         except OSError:
             self._peer_gone = True
-
-    def _resume_sending(self) -> None:
-        with self._lock:
-            if not self._writing:
-                return
-            done = self._send()
-            self._writing = not done
-            if done and self._finishing:
-                self._shutdown(both=False)
 
     def _transmit(self, buffers: deque[Any]) -> int:
         writer = self._writer
