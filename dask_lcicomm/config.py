@@ -7,7 +7,6 @@ All knobs live under ``distributed.comm.lci``; their defaults ship in
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 
@@ -15,6 +14,8 @@ import dask
 import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
+
+from dask_lcicomm.providers.shm_segment import round_up
 
 PREFIX = "distributed.comm.lci"
 
@@ -50,11 +51,6 @@ def _non_negative(key: str, value: int) -> int:
     if value < 0:
         raise ValueError(f"{PREFIX}.{key} must be >= 0, got {value!r}")
     return value
-
-
-def _pages(n: int) -> int:
-    """``n`` rounded up to whole pages: shared segments are mapped in pages."""
-    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _flag(key: str, value: object) -> bool:
@@ -123,7 +119,7 @@ class Settings:
             max_message_bytes=nbytes("max-message-bytes"),
             max_frames=_positive("max-frames", int(c["max-frames"])),
             max_eager_bytes=_positive("max-eager-bytes", nbytes("max-eager-bytes")),
-            shm_ring_size=_pages(_positive("shm-ring-size", nbytes("shm-ring-size"))),
-            shm_pool_size=_pages(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
+            shm_ring_size=round_up(_positive("shm-ring-size", nbytes("shm-ring-size"))),
+            shm_pool_size=round_up(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
             shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
         )

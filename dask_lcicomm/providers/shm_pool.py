@@ -19,6 +19,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+from dask_lcicomm.providers.shm_segment import round_up
+
 ALIGN = 4096
 
 
@@ -50,7 +52,7 @@ class PoolAllocator:
 
     def allocate(self, nbytes: int) -> tuple[int, int] | None:
         """``(block, offset)`` of ``nbytes`` of fresh memory, or None if none fits."""
-        size = -(-nbytes // ALIGN) * ALIGN
+        size = round_up(nbytes, ALIGN)
         if not 0 < size <= self.nbytes:
             return None
         # Collect first, so that first fit reuses the lowest, recently used

@@ -41,7 +41,8 @@ PAGE = mmap.PAGESIZE
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-def _round_up(n: int, to: int = PAGE) -> int:
+def round_up(n: int, to: int = PAGE) -> int:
+    """``n`` rounded up to a multiple of ``to`` (whole pages by default)."""
     return -(-n // to) * to
 
 
@@ -74,7 +75,7 @@ class Layout:
 
     @property
     def ring_offset(self) -> int:
-        return _round_up(FLAGS + 8 * self.blocks)
+        return round_up(FLAGS + 8 * self.blocks)
 
     @property
     def pool_offset(self) -> int:
