@@ -4,19 +4,26 @@ In the spirit of h11's test-suite: the codec is exercised with plain bytes only,
 through both entry points of the decoder (``feed`` and the BufferedProtocol
 pair ``get_buffer``/``buffer_updated``), with property-based tests for
 
-* round trips of arbitrary messages on interleaved virtual connections, under
-  arbitrary chunkings of the byte stream;
+* round trips of arbitrary messages (frames of every buffer type, shards of
+  one object, bulk groups fragmented or placed in shared memory) on
+  interleaved virtual connections, under arbitrary chunkings of the byte
+  stream;
 * truncation (every prefix yields exactly the complete events, and
   ``check_eof`` accepts exactly the message boundaries);
 * corruption and garbage (only :class:`ProtocolError`, never another
   exception, never a hang, never an unbounded allocation);
 * limits (a hostile length is refused *before* anything is allocated);
+* receive buffers (each group of frames in one buffer of its own, back to
+  back; empty frames in none), checked on every decoded message, and the
+  sender's grouping rule against Dask's tcp comm and its own tests
+  (``test_share_buffer_with_header``, ``test_do_not_share_buffers``);
 
 plus one explicit test per protocol rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import signal
@@ -25,6 +32,7 @@ import threading
 import tracemalloc
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -40,6 +48,8 @@ from dask_lcicomm.parcel import (
     MAX_HELLO_BYTES,
     MAX_VC,
     PLACED_EXT,
+    SHARE,
+    SIZE_MASK,
     VERSION,
     Close,
     Connect,
@@ -47,6 +57,7 @@ from dask_lcicomm.parcel import (
     Kind,
     Limits,
     Message,
+    MessageTooLarge,
     OutgoingParcel,
     ParcelDecoder,
     ProtocolError,
@@ -54,6 +65,7 @@ from dask_lcicomm.parcel import (
     encode_connect,
     encode_hello,
     encode_parcel,
+    shares_buffer,
 )
 
 FRAG_HEAD = HEADER.size + FRAGMENT_EXT.size  # 40 bytes before a fragment's payload
@@ -93,6 +105,34 @@ def raw_fragment(vc: int, seq: int, index: int, offset: int, data: bytes, nbytes
 
 def raw_placed(vc: int, seq: int, index: int, handle: int, offset: int, nbytes: int) -> bytes:
     return hdr(Kind.PLACED, vc, seq, index) + PLACED_EXT.pack(handle, offset, nbytes)
+
+
+def address(frame: memoryview) -> int:
+    return np.frombuffer(frame, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def check_buffers(frames: list[memoryview], shares: list[bool]) -> None:
+    """Decoded ``frames`` lie as the sender's ``shares`` say: each group (a
+    non-empty frame and the frames sharing its buffer) back to back in one
+    buffer, no two groups in the same buffer, empty frames in none."""
+    assert len(frames) == len(shares)
+    owners: list = []  # the buffer of each group
+    previous = None
+    for frame, share in zip(frames, shares, strict=True):
+        if not frame.nbytes:
+            assert not share
+            continue
+        if share:
+            assert previous is not None
+            assert frame.obj is previous.obj, "a frame left the buffer of its group"
+            assert address(frame) == address(previous) + previous.nbytes, "a gap within a group"
+        else:
+            owners.append(frame.obj)
+        previous = frame
+    assert len({id(owner) for owner in owners}) == len(owners), "two groups share a buffer"
+    for frame in frames:
+        if not frame.nbytes:
+            assert all(frame.obj is not owner for owner in owners), "an empty frame holds a group's buffer"
 
 
 def check_frame(frame) -> None:
@@ -206,12 +246,12 @@ def no_hang(seconds: float = 20.0):
 
 
 def decode_untrusted(data: bytes, rng: random.Random | None, limits: Limits = SMALL_LIMITS,
-                     buffer_size: int = 1024):
+                     buffer_size: int = 1024, placement=None):
     """Decode hostile bytes. Returns (events, error); any non-ProtocolError propagates.
 
     Also checks that the receive buffer stays bounded by what the limits allow.
     """
-    dec = ParcelDecoder(limits=limits, buffer_size=buffer_size)
+    dec = ParcelDecoder(limits=limits, buffer_size=buffer_size, placement=placement)
     bound = max(buffer_size, HEADER.size + max(limits.max_eager_bytes, MAX_HELLO_BYTES), FRAG_HEAD)
 
     def on_buffer(pos, buf):
@@ -237,6 +277,41 @@ def decode_untrusted(data: bytes, rng: random.Random | None, limits: Limits = SM
 # ---------------------------------------------------------------------------
 
 
+class SharedPool:
+    """A stand-in for memory shared between sender and receiver: one block per
+    handle, made by the first write into it, just large enough for it."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, np.ndarray] = {}
+        self.requests: list[tuple[int, int, int]] = []
+
+    def write(self, handle: int, offset: int, frames: list[memoryview]) -> None:
+        nbytes = sum(frame.nbytes for frame in frames)
+        memory = self.blocks.setdefault(handle, np.zeros(offset + nbytes, dtype=np.uint8))
+        for frame in frames:
+            memory[offset : offset + frame.nbytes] = np.frombuffer(frame, dtype=np.uint8)
+            offset += frame.nbytes
+
+    def place(self, p: OutgoingParcel, groups=None, offset: int = 0) -> list[int]:
+        """Write bulk groups of ``p`` (all, or those listed), each at ``offset``
+        of a new block, and place them there; their handles."""
+        handles = []
+        for group, views in enumerate(p.bulk_groups):
+            if groups is None or group in groups:
+                handle = 100 + len(self.blocks)
+                self.write(handle, offset, views)
+                p.place(group, handle, offset)
+                handles.append(handle)
+        return handles
+
+    def resolve(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        self.requests.append((handle, offset, nbytes))
+        block = self.blocks.get(handle)
+        if block is None or offset + nbytes > block.nbytes:
+            raise ProtocolError(f"placed group in block {handle} at {offset}+{nbytes} lies outside the pool")
+        return memoryview(block[offset : offset + nbytes])
+
+
 @dataclass
 class Stream:
     data: bytes = b""
@@ -245,19 +320,36 @@ class Stream:
     header_positions: list = field(default_factory=list)  # header/size-table/extension bytes
     fragments: list = field(default_factory=list)  # (payload start, end, vc, seq, frame index)
     max_unit: int = FRAG_HEAD  # the largest unit that is not a fragment
+    shares: dict = field(default_factory=dict)  # (vc, seq) -> shares_buffer(frames)
+    pool: SharedPool | None = None  # where placed groups lie
+    placed: int = 0  # how many groups were placed
+
+    @property
+    def placement(self):
+        return None if self.pool is None else self.pool.resolve
 
     def expected(self, upto: int | None = None) -> list:
         return [e for end, e in self.events if upto is None or end <= upto]
 
+    def check_buffers(self, events) -> None:
+        for event in events:
+            if isinstance(event, Message):
+                check_buffers(event.frames, self.shares[event.vc, event.seq])
 
-def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> Stream:
+
+def flat(frame) -> bytes:
+    return frame if isinstance(frame, bytes) else memoryview(frame).cast("B").tobytes()
+
+
+def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None, place=None) -> Stream:
     """Send ``plan`` = [(vc, [frames, ...]), ...]: CONNECT, parcels, CLOSE per vc.
 
     The sender takes one unit at a time from one vc, round-robin (or at random
     with ``rng``); within a vc, parcels are FIFO and each parcel's units go out
-    in order before the next parcel starts.
+    in order before the next parcel starts. With ``place`` (a Random), each
+    bulk group is placed in a shared pool or not, at random.
     """
-    s = Stream()
+    s = Stream(pool=None if place is None else SharedPool())
     out = bytearray()
 
     def unit_done(start):
@@ -274,7 +366,7 @@ def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> 
         unit_done(start)
 
     jobs = {vc: deque([("connect",), *(("parcel", m) for m in msgs), ("close",)]) for vc, msgs in plan}
-    seqs = {vc: 0 for vc in jobs}
+    seqs = dict.fromkeys(jobs, 0)
     turn = 0
     while jobs:
         active = list(jobs)
@@ -292,11 +384,12 @@ def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> 
                     del jobs[vc]
                 continue
             frames = job[1]
-            current[vc] = (
-                OutgoingParcel(vc, seqs[vc], frames, eager_threshold, fragment_size),
-                seqs[vc],
-                [bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in frames],
-            )
+            p = OutgoingParcel(vc, seqs[vc], frames, eager_threshold, fragment_size)
+            if s.pool is not None:
+                chosen = [g for g in range(len(p.bulk_groups)) if place.random() < 0.5]
+                s.placed += len(s.pool.place(p, chosen))
+            current[vc] = (p, seqs[vc], [flat(f) for f in frames])
+            s.shares[vc, seqs[vc]] = shares_buffer(frames)
             seqs[vc] += 1
         p, seq, frames = current[vc]
         assert not p.done
@@ -307,6 +400,8 @@ def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> 
         kind = out[start + 5]
         if kind == Kind.PARCEL:
             s.header_positions += range(start, start + HEADER.size + 8 * len(frames))
+        elif kind == Kind.PLACED:
+            s.header_positions += range(start, start + HEADER.size + PLACED_EXT.size)
         else:
             assert kind == Kind.FRAGMENT
             index = struct.unpack_from("<I", out, start + 20)[0]
@@ -320,17 +415,39 @@ def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None) -> 
     return s
 
 
-WRAPPERS = [
-    lambda b: b,
-    bytearray,
-    memoryview,
-    lambda b: np.frombuffer(b, dtype=np.uint8),
-]
+WRAPPERS = {
+    "bytes": lambda b: b,
+    "bytearray": bytearray,
+    "memoryview": memoryview,
+    "memoryview-of-bytearray": lambda b: memoryview(bytearray(b)),
+    "numpy": lambda b: np.frombuffer(bytearray(b), dtype=np.uint8),
+}
 
 
 @st.composite
-def stream_cases(draw, max_vcs=3, max_msgs=3, max_frames=4, max_thr=40, max_frag=50):
-    """(Stream, eager_threshold, fragment_size) with random contents and interleaving."""
+def message_frames(draw, content: random.Random, max_objects: int, max_size: int):
+    """The frames of one message, as Dask makes them: objects of various
+    buffer types, some split into shards (consecutive views of one object,
+    possibly empty)."""
+    frames: list = []
+    for _ in range(draw(st.integers(0, max_objects))):
+        wrap = draw(st.sampled_from(sorted(WRAPPERS)))
+        obj = WRAPPERS[wrap](content.randbytes(draw(st.integers(0, max_size))))
+        nshards = draw(st.integers(1, 3))
+        if nshards == 1:
+            frames.append(obj)
+            continue
+        view = memoryview(obj).cast("B")
+        cuts = sorted(draw(st.lists(st.integers(0, view.nbytes), min_size=nshards - 1, max_size=nshards - 1)))
+        bounds = [0, *cuts, view.nbytes]
+        frames += [view[a:b] for a, b in pairwise(bounds)]
+    return frames
+
+
+@st.composite
+def stream_cases(draw, max_vcs=3, max_msgs=3, max_frames=4, max_thr=40, max_frag=50, placed=None):
+    """(Stream, eager_threshold, fragment_size) with random contents and
+    interleaving; with ``placed`` (or if drawn so) some bulk groups placed."""
     thr = draw(st.integers(0, max_thr))
     frag = draw(st.integers(1, max_frag))
     vcs = draw(
@@ -343,26 +460,32 @@ def stream_cases(draw, max_vcs=3, max_msgs=3, max_frames=4, max_thr=40, max_frag
     )
     seed = draw(st.integers(0, 2**32 - 1))
     content = random.Random(seed)
-    size = st.integers(0, 3 * thr + 4)
     plan = []
     for vc in vcs:
-        msgs = []
-        for _ in range(draw(st.integers(0, max_msgs))):
-            sizes = draw(st.lists(size, max_size=max_frames))
-            wrap = draw(st.sampled_from(WRAPPERS))
-            msgs.append([wrap(content.randbytes(n)) for n in sizes])
+        msgs = [
+            draw(message_frames(content, max_objects=max_frames, max_size=3 * thr + 4))
+            for _ in range(draw(st.integers(0, max_msgs)))
+        ]
         plan.append((vc, msgs))
     hello = draw(st.none() | st.binary(max_size=40))
     interleave = draw(st.none() | st.randoms(use_true_random=False))
-    return build_stream(plan, thr, frag, rng=interleave, hello=hello), thr, frag
+    if placed is None:
+        placed = draw(st.booleans())
+    place = draw(st.randoms(use_true_random=False)) if placed else None
+    return build_stream(plan, thr, frag, rng=interleave, hello=hello, place=place), thr, frag
 
 
 def fixed_stream() -> Stream:
-    """A small stream with every kind of unit, two vcs interleaved."""
+    """A small stream with every kind of unit but PLACED, two vcs interleaved."""
     rng = random.Random(1234)
+    sharded = memoryview(bytearray(rng.randbytes(25)))
     plan = [
-        (1, [[b"", rng.randbytes(3), rng.randbytes(20)], [], [rng.randbytes(9), rng.randbytes(25), b""]]),
-        (7, [[rng.randbytes(30)], [rng.randbytes(1), rng.randbytes(2)]]),
+        (1, [
+            [b"", bytearray(rng.randbytes(3)), bytearray(rng.randbytes(20))],  # eager, bulk
+            [],
+            [rng.randbytes(9), sharded[:12], sharded[12:], b""],  # one bulk group
+        ]),
+        (7, [[bytearray(rng.randbytes(30))], [bytearray(rng.randbytes(1)), bytearray(rng.randbytes(2))]]),
         (MAX_VC, [[b"xyz"]]),
     ]
     return build_stream(plan, eager_threshold=8, fragment_size=10, rng=None, hello=b"hi there")
@@ -442,19 +565,25 @@ def test_roundtrip_any_chunking(case, chunks, buffer_size):
     s, _, _ = case
     expected = s.expected()
     # whole stream at once
-    dec = ParcelDecoder(buffer_size=buffer_size)
-    assert norm(dec.feed(s.data)) == expected
+    dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
+    events = dec.feed(s.data)
+    assert norm(events) == expected
+    s.check_buffers(events)
     assert dec.idle
     dec.check_eof()
     # arbitrary chunking
-    dec = ParcelDecoder(buffer_size=buffer_size)
-    assert norm(feed_chunks(dec, s.data, chunks)) == expected
+    dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
+    events = feed_chunks(dec, s.data, chunks)
+    assert norm(events) == expected
+    s.check_buffers(events)
     assert dec.idle
     dec.check_eof()
     # one byte at a time (small cases)
     if len(s.data) <= 4000:
-        dec = ParcelDecoder(buffer_size=buffer_size)
-        assert norm(feed_chunks(dec, s.data, [1])) == expected
+        dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
+        events = feed_chunks(dec, s.data, [1])
+        assert norm(events) == expected
+        s.check_buffers(events)
         assert dec.idle
         dec.check_eof()
 
@@ -472,7 +601,7 @@ def test_roundtrip_buffered_protocol(case, rng, buffer_size, partial):
     direct_targets: dict = {}  # (vc, seq, frame index) -> ids of the buffers handed out
     direct_objs: dict = {}  # keeps those buffers alive, so that their ids stay unique
     bound = max(buffer_size, s.max_unit)
-    dec = ParcelDecoder(buffer_size=buffer_size)
+    dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
 
     def on_buffer(pos, buf):
         if pos in payload_at:
@@ -490,6 +619,7 @@ def test_roundtrip_buffered_protocol(case, rng, buffer_size, partial):
 
     events = feed_buffered(dec, s.data, rng if partial else None, on_buffer)
     assert norm(events) == s.expected()
+    s.check_buffers(events)
     assert dec.idle
     dec.check_eof()
     # the bytes written into the direct buffers are the very frames delivered
@@ -525,6 +655,8 @@ def test_bulk_frames_bypass_receive_buffer():
         pos += n
         events += dec.buffer_updated(n)
     assert norm(events) == [("connect", 3), ("msg", 3, 0, [small, big, small]), ("close", 3)]
+    # header-like frames and the big one: one group, as Dask's tcp would read them
+    check_buffers(events[1].frames, [False, True, True])
     # all but (at most) one receive-buffer's worth per fragment went straight in place
     nfragments = -(-len(big) // (256 * 1024))
     assert into_frames >= len(big) - nfragments * buffer_size
@@ -677,7 +809,7 @@ def test_truncated_stream(case, data, buffer_size):
     near = sorted({b + d for b in s.boundaries for d in (-1, 0, 1) if 0 <= b + d <= len(s.data)})
     k = data.draw(st.one_of(st.integers(0, len(s.data)), st.sampled_from(near)), label="prefix")
     rng = data.draw(st.randoms(use_true_random=False), label="chunking")
-    dec = ParcelDecoder(buffer_size=buffer_size)
+    dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
     events = feed_buffered(dec, s.data[:k], rng)
     assert norm(events) == s.expected(k)
     if k in s.boundaries:
@@ -690,6 +822,7 @@ def test_truncated_stream(case, data, buffer_size):
     # a truncation is only a pause: the rest of the stream completes it
     events += feed_buffered(dec, s.data[k:], rng)
     assert norm(events) == s.expected()
+    s.check_buffers(events)
     assert dec.idle
 
 
@@ -716,7 +849,7 @@ def test_single_byte_corruption(case, data):
     corrupted = bytearray(s.data)
     corrupted[pos] = value
     rng = data.draw(st.none() | st.randoms(use_true_random=False), label="chunking")
-    events, error = decode_untrusted(bytes(corrupted), rng)
+    events, error = decode_untrusted(bytes(corrupted), rng, placement=s.placement)
     if pos not in s.header_positions:
         # payload bytes are never interpreted: same events, one byte different
         assert error is None
@@ -728,7 +861,7 @@ def test_single_byte_corruption(case, data):
 def shape(event: tuple) -> tuple:
     """An event without its payload bytes (only their lengths)."""
     if event[0] == "msg":
-        return event[:3] + (tuple(len(f) for f in event[3]),)
+        return (*event[:3], tuple(len(f) for f in event[3]))
     if event[0] == "hello":
         return ("hello", len(event[1]))
     return event
@@ -744,7 +877,7 @@ def test_every_header_byte_corruption_of_fixed_stream():
                 continue
             corrupted = bytearray(s.data)
             corrupted[pos] = value
-            events, error = decode_untrusted(bytes(corrupted), None)
+            _, error = decode_untrusted(bytes(corrupted), None)
             errors += error is not None
     assert errors > 0
 
@@ -806,8 +939,9 @@ class AllocationSpy:
     """Stands in for the ``np`` and ``bytearray`` the parcel module uses."""
 
     def __init__(self):
-        self.sizes: list[int] = []
-        self.arrays: list[int] = []
+        self.sizes: list[int] = []  # every allocation by size
+        self.arrays: list[int] = []  # bulk buffers
+        self.copies: list[int] = []  # eager group buffers (copies out of the receive buffer)
 
     def empty(self, n, dtype=None):
         self.sizes.append(int(n))
@@ -817,18 +951,27 @@ class AllocationSpy:
     def bytearray(self, *args):
         if args and isinstance(args[0], int):
             self.sizes.append(args[0])
+        elif args:
+            self.copies.append(memoryview(args[0]).nbytes)
         return bytearray(*args)
 
     def __getattr__(self, name):
         return getattr(np, name)
 
 
-@pytest.fixture
-def alloc_spy(monkeypatch):
+@contextlib.contextmanager
+def spying():
     spy = AllocationSpy()
-    monkeypatch.setattr(parcel, "np", spy)
-    monkeypatch.setattr(parcel, "bytearray", spy.bytearray, raising=False)
-    return spy
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(parcel, "np", spy)
+        monkeypatch.setattr(parcel, "bytearray", spy.bytearray, raising=False)
+        yield spy
+
+
+@pytest.fixture
+def alloc_spy():
+    with spying() as spy:
+        yield spy
 
 
 def assert_refused_cheaply(data: bytes, match: str, limits: Limits, spy: AllocationSpy,
@@ -858,22 +1001,42 @@ HUGE_CLAIMS = [
         encode_connect(1) + raw_parcel(1, 0, [BULK | 2**60]), "exceeds the limit", id="bulk-2**60"
     ),
     pytest.param(
-        encode_connect(1) + raw_parcel(1, 0, [BULK | (2**63 - 1)]), "exceeds the limit", id="bulk-max"
+        encode_connect(1) + raw_parcel(1, 0, [BULK | SIZE_MASK]), "exceeds the limit", id="bulk-max"
     ),
     pytest.param(
-        encode_connect(1) + raw_parcel(1, 0, [2**64 - 1]), "exceed", id="eager-u64-max"
+        encode_connect(1) + raw_parcel(1, 0, [SIZE_MASK]), "eager bytes exceed", id="eager-max"
     ),
     pytest.param(
-        encode_connect(1) + raw_parcel(1, 0, [BULK | 2**62] * 4), "exceeds the limit", id="bulk-sum"
+        encode_connect(1) + raw_parcel(1, 0, [2**64 - 1]), "shares the buffer of no earlier frame",
+        id="u64-max"
     ),
     pytest.param(
-        encode_connect(1) + raw_parcel(1, 0, [2**62] * 4 + [BULK | 1]), "eager bytes exceed", id="eager-sum"
+        encode_connect(1) + raw_parcel(1, 0, [BULK | 2**61] * 4), "exceeds the limit", id="bulk-sum"
     ),
     pytest.param(
-        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**32 - 1), "frames exceeds the limits", id="frames-u32-max"
+        encode_connect(1) + raw_parcel(1, 0, [BULK | 2**61] + [BULK | SHARE | 2**61] * 3),
+        "exceeds the limit",
+        id="bulk-group-sum"
     ),
     pytest.param(
-        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**20 + 1), "frames exceeds the limits", id="frames-default+1"
+        encode_connect(1) + raw_parcel(1, 0, [2**61] * 4 + [BULK | 1]), "eager bytes exceed", id="eager-sum"
+    ),
+    pytest.param(
+        encode_connect(1) + raw_parcel(1, 0, [2**61] + [SHARE | 2**61] * 3), "eager bytes exceed",
+        id="eager-group-sum"
+    ),
+    pytest.param(
+        # one eager group whose sizes overflow the low u32 words
+        encode_connect(1) + raw_parcel(1, 0, [2**40, SHARE | 2**40]), "eager bytes exceed",
+        id="eager-group-u32-overflow"
+    ),
+    pytest.param(
+        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**32 - 1), "frames exceeds the limits",
+        id="frames-u32-max",
+    ),
+    pytest.param(
+        encode_connect(1) + hdr(Kind.PARCEL, 1, 0, 2**20 + 1), "frames exceeds the limits",
+        id="frames-default+1",
     ),
     pytest.param(hdr(Kind.HELLO, 0, 0, 2**32 - 1), "malformed hello", id="hello-u32-max"),
     pytest.param(hdr(Kind.HELLO, 0, 0, MAX_HELLO_BYTES + 1), "malformed hello", id="hello-max+1"),
@@ -960,7 +1123,9 @@ def test_eager_claim_within_limits_does_not_allocate_before_data(alloc_spy):
 # ---------------------------------------------------------------------------
 
 C1 = encode_connect(1)
-P_BULK2 = raw_parcel(1, 0, [3, BULK | 10, BULK | 4], b"abc")  # frames 1 and 2 are bulk
+P_BULK2 = raw_parcel(1, 0, [3, BULK | 10, BULK | 4], b"abc")  # frames 1 and 2 are bulk, in two groups
+# groups: eager {0}; bulk {1, 2} of 14 bytes; frame 3 empty; bulk {4} of 5 bytes
+P_GROUPS = raw_parcel(1, 0, [3, BULK | 10, BULK | SHARE | 4, 0, BULK | 5], b"abc")
 
 RULES = [
     # (id, valid prefix, offending bytes, error message pattern)
@@ -971,13 +1136,17 @@ RULES = [
     ("fragment-unknown-vc", C1, raw_fragment(1, 0, 0, 0, b"abc"), r"fragment for unknown parcel 0 on vc 1"),
     ("fragment-after-complete", C1 + raw_parcel(1, 0, [1], b"x"), raw_fragment(1, 0, 0, 0, b"abc"),
      r"fragment for unknown parcel"),
-    ("fragment-wrong-seq", C1 + P_BULK2, raw_fragment(1, 1, 1, 0, b"a" * 10), r"fragment for unknown parcel 1"),
+    ("fragment-wrong-seq", C1 + P_BULK2, raw_fragment(1, 1, 1, 0, b"a" * 10),
+     r"fragment for unknown parcel 1"),
     ("fragment-wrong-vc", C1 + encode_connect(2) + P_BULK2, raw_fragment(2, 0, 1, 0, b"a" * 10),
      r"unknown parcel 0 on vc 2"),
-    ("fragment-eager-index", C1 + P_BULK2, raw_fragment(1, 0, 0, 0, b"a" * 3), r"fragment 0@0\+3 does not continue"),
-    ("fragment-index-ahead", C1 + P_BULK2, raw_fragment(1, 0, 2, 0, b"a" * 4), r"does not continue parcel 0 on vc 1"),
+    ("fragment-eager-index", C1 + P_BULK2, raw_fragment(1, 0, 0, 0, b"a" * 3),
+     r"fragment 0@0\+3 does not continue"),
+    ("fragment-index-ahead", C1 + P_BULK2, raw_fragment(1, 0, 2, 0, b"a" * 4),
+     r"does not continue parcel 0 on vc 1"),
     ("fragment-index-out-of-range", C1 + P_BULK2, raw_fragment(1, 0, 99, 0, b"a"), r"does not continue"),
-    ("fragment-offset-ahead", C1 + P_BULK2, raw_fragment(1, 0, 1, 5, b"a" * 5), r"fragment 1@5\+5 does not continue"),
+    ("fragment-offset-ahead", C1 + P_BULK2, raw_fragment(1, 0, 1, 5, b"a" * 5),
+     r"fragment 1@5\+5 does not continue"),
     ("fragment-offset-repeated", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
      raw_fragment(1, 0, 1, 0, b"a" * 5), r"does not continue"),
     ("fragment-offset-behind", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
@@ -987,7 +1156,8 @@ RULES = [
     ("fragment-next-frame-early", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 5),
      raw_fragment(1, 0, 2, 0, b"a" * 4), r"does not continue"),
     ("connect-twice", C1, encode_connect(1), r"CONNECT for open vc 1"),
-    ("connect-while-incomplete", C1 + P_BULK2, encode_connect(1), r"CONNECT on vc 1 while a parcel is incomplete"),
+    ("connect-while-incomplete", C1 + P_BULK2, encode_connect(1),
+     r"CONNECT on vc 1 while a parcel is incomplete"),
     ("close-while-incomplete", C1 + P_BULK2, encode_close(1), r"CLOSE on vc 1 while a parcel is incomplete"),
     ("close-while-incomplete-midway", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 10), encode_close(1),
      r"CLOSE on vc 1 while a parcel is incomplete"),
@@ -1000,15 +1170,16 @@ RULES = [
     ("bad-magic-later", C1, hdr(Kind.CONNECT, 2, magic=b"LCIQ"), r"bad magic"),
     ("bad-magic-http", b"", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", r"bad magic b'GET '"),
     ("version-0", b"", hdr(Kind.CONNECT, 1, version=0), r"unsupported protocol version 0"),
-    ("version-2", b"", hdr(Kind.CONNECT, 1, version=2), r"unsupported protocol version 2"),
+    ("version-1", b"", hdr(Kind.CONNECT, 1, version=1), r"unsupported protocol version 1"),
+    ("version-3", b"", hdr(Kind.CONNECT, 1, version=3), r"unsupported protocol version 3"),
     ("version-255", C1, hdr(Kind.CONNECT, 1, version=255), r"unsupported protocol version 255"),
     ("kind-0", b"", hdr(0, 1), r"unknown parcel kind 0"),
     ("kind-7", b"", hdr(7, 1), r"unknown parcel kind 7"),
-    ("placed-without-shared-memory", C1 + P_BULK2, raw_placed(1, 0, 1, 0, 0, 14),
-     r"placed frames on a connection without shared memory"),
-    ("placed-unknown-parcel", C1, raw_placed(1, 0, 1, 0, 0, 14),
-     r"placed frames for unknown parcel 0 on vc 1"),
-    ("placed-wrong-seq", C1 + P_BULK2, raw_placed(1, 3, 1, 0, 0, 14), r"placed frames for unknown parcel 3"),
+    ("placed-without-shared-memory", C1 + P_BULK2, raw_placed(1, 0, 1, 0, 0, 10),
+     r"placed group on a connection without shared memory"),
+    ("placed-unknown-parcel", C1, raw_placed(1, 0, 1, 0, 0, 10),
+     r"placed group for unknown parcel 0 on vc 1"),
+    ("placed-wrong-seq", C1 + P_BULK2, raw_placed(1, 3, 1, 0, 0, 10), r"placed group for unknown parcel 3"),
     ("flags-placed", C1 + P_BULK2, hdr(Kind.PLACED, 1, 0, 1, flags=1), r"reserved flags"),
     ("kind-255", C1, hdr(255, 1), r"unknown parcel kind 255"),
     ("hello-too-large", b"", hdr(Kind.HELLO, 0, 0, MAX_HELLO_BYTES + 1), r"malformed hello of 65537 bytes"),
@@ -1018,8 +1189,42 @@ RULES = [
     ("connect-with-seq", b"", hdr(Kind.CONNECT, 1, 1, 0), r"malformed CONNECT"),
     ("close-with-count", C1, hdr(Kind.CLOSE, 1, 0, 4), r"malformed CLOSE for vc 1"),
     ("close-with-seq", C1, hdr(Kind.CLOSE, 1, 9, 0), r"malformed CLOSE"),
-    ("empty-bulk-frame", C1, raw_parcel(1, 0, [5, BULK | 0], b"abcde"), r"empty bulk frame"),
-    ("empty-bulk-frame-only", C1, raw_parcel(1, 0, [BULK]), r"empty bulk frame"),
+    ("empty-bulk-frame", C1, raw_parcel(1, 0, [5, BULK | 0], b"abcde"), r"empty bulk frame 1"),
+    ("empty-bulk-frame-only", C1, raw_parcel(1, 0, [BULK]), r"empty bulk frame 0"),
+    # receive buffers: a group starts with a frame without SHARE, and is all eager or all bulk
+    ("empty-shared-frame", C1, raw_parcel(1, 0, [3, SHARE], b"abc"), r"empty shared frame 1"),
+    ("empty-shared-frame-only", C1, raw_parcel(1, 0, [SHARE]), r"empty shared frame 0"),
+    ("empty-bulk-shared-frame", C1, raw_parcel(1, 0, [3, BULK | SHARE], b"abc"), r"empty bulk frame 1"),
+    ("share-on-first-frame", C1, raw_parcel(1, 0, [SHARE | 3], b"abc"),
+     r"frame 0 shares the buffer of no earlier frame"),
+    ("share-on-first-frames", C1, raw_parcel(1, 0, [SHARE | 3, SHARE | 1], b"abcd"),
+     r"frame 0 shares the buffer of no earlier frame"),
+    ("share-on-first-bulk-frame", C1, raw_parcel(1, 0, [BULK | SHARE | 3]),
+     r"frame 0 shares the buffer of no earlier frame"),
+    ("share-on-first-nonempty-frame", C1, raw_parcel(1, 0, [0, 0, SHARE | 3], b"abc"),
+     r"frame 2 shares the buffer of no earlier frame"),
+    ("share-bulk-with-eager", C1, raw_parcel(1, 0, [3, BULK | SHARE | 4], b"abc"),
+     r"frame 1 shares a buffer across eager and bulk frames"),
+    ("share-eager-with-bulk", C1, raw_parcel(1, 0, [BULK | 4, SHARE | 3], b"abc"),
+     r"frame 1 shares a buffer across eager and bulk frames"),
+    ("share-across-empty-frame", C1, raw_parcel(1, 0, [3, 0, BULK | SHARE | 4], b"abc"),
+     r"frame 2 shares a buffer across eager and bulk frames"),
+    ("share-mixed-in-later-group", C1, raw_parcel(1, 0, [BULK | 4, 2, SHARE | 1, BULK | SHARE | 3], b"abc"),
+     r"frame 3 shares a buffer across eager and bulk frames"),
+    ("share-mixed-in-long-group", C1, raw_parcel(1, 0, [1, *[SHARE | 1] * 40, BULK | SHARE | 1], b"a" * 41),
+     r"frame 41 shares a buffer across eager and bulk frames"),
+    # fragments follow the bulk groups frame by frame, skipping empty frames
+    ("fragment-group-member-first", C1 + P_GROUPS, raw_fragment(1, 0, 2, 0, b"a" * 4), r"does not continue"),
+    ("fragment-next-group-early", C1 + P_GROUPS + raw_fragment(1, 0, 1, 0, b"a" * 10),
+     raw_fragment(1, 0, 4, 0, b"a" * 5), r"fragment 4@0\+5 does not continue"),
+    ("fragment-empty-frame", C1 + P_GROUPS + raw_fragment(1, 0, 1, 0, b"a" * 10)
+     + raw_fragment(1, 0, 2, 0, b"b" * 4), raw_fragment(1, 0, 3, 0, b"a"),
+     r"fragment 3@0\+1 does not continue"),
+    ("fragment-empty-frame-empty", C1 + P_GROUPS + raw_fragment(1, 0, 1, 0, b"a" * 10)
+     + raw_fragment(1, 0, 2, 0, b"b" * 4), raw_fragment(1, 0, 3, 0, b""), r"does not continue"),
+    ("fragment-group-overrun", C1 + P_GROUPS, raw_fragment(1, 0, 1, 0, b"a" * 14), r"does not continue"),
+    ("fragment-after-last-group", C1 + P_BULK2 + raw_fragment(1, 0, 1, 0, b"a" * 10)
+     + raw_fragment(1, 0, 2, 0, b"b" * 3), raw_fragment(1, 0, 3, 0, b"c"), r"does not continue"),
 ]
 
 
@@ -1107,7 +1312,7 @@ def test_eager_frames_do_not_alias_the_receive_buffer():
 def test_frames_survive_later_decoding(case, buffer_size):
     """No frame ever aliases memory the decoder reuses afterwards."""
     s, _, _ = case
-    dec = ParcelDecoder(buffer_size=buffer_size)
+    dec = ParcelDecoder(buffer_size=buffer_size, placement=s.placement)
     got = []
     for i in range(len(s.data)):
         evs = dec.feed(s.data[i : i + 1])
@@ -1117,6 +1322,7 @@ def test_frames_survive_later_decoding(case, buffer_size):
         if isinstance(buf.obj, bytearray):
             buf[:] = b"\xa5" * buf.nbytes
     assert norm(got) == s.expected()
+    s.check_buffers(got)
 
 
 # ---------------------------------------------------------------------------
@@ -1133,8 +1339,29 @@ def units_of(p: OutgoingParcel) -> list[list]:
     return units
 
 
+def unit_kinds(p: OutgoingParcel) -> list[tuple]:
+    """The units of ``p``: ("parcel", sizes), ("fragment", index, offset, nbytes)
+    or ("placed", index, handle, offset, nbytes)."""
+    out = []
+    for unit in units_of(p):
+        first = b"".join(bytes(b) for b in unit)
+        _, _, kind, _, vc, seq, count = HEADER.unpack_from(first)
+        assert (vc, seq) == (p.vc, p.seq)
+        if kind == Kind.PARCEL:
+            out.append(("parcel", struct.unpack_from(f"<{count}Q", first, HEADER.size)))
+        elif kind == Kind.FRAGMENT:
+            offset, nbytes = FRAGMENT_EXT.unpack_from(first, HEADER.size)
+            assert len(first) == FRAG_HEAD + nbytes
+            out.append(("fragment", count, offset, nbytes))
+        else:
+            assert kind == Kind.PLACED and len(first) == HEADER.size + PLACED_EXT.size
+            out.append(("placed", count, *PLACED_EXT.unpack_from(first, HEADER.size)))
+    return out
+
+
 def test_outgoing_parcel_units():
-    frames = [b"e" * 4, b"B" * 25, b"", b"C" * 10]
+    # separate objects: one group each
+    frames = [bytearray(b"e" * 4), bytearray(b"B" * 25), b"", bytearray(b"C" * 10)]
     p = OutgoingParcel(9, 3, frames, eager_threshold=4, fragment_size=10)
     assert p.vc == 9 and p.seq == 3 and p.nbytes == 39
     assert not p.done
@@ -1158,6 +1385,51 @@ def test_outgoing_parcel_units():
     assert encode_parcel(9, 3, frames, 4, 10) == b"".join(bytes(b) for u in units for b in u)
 
 
+def test_outgoing_parcel_units_of_one_group():
+    # header-like frames: one group, bulk as a whole because one frame is over the threshold
+    frames = [b"e" * 4, b"B" * 25, b"", b"C" * 10]
+    p = OutgoingParcel(9, 3, frames, eager_threshold=4, fragment_size=10)
+    assert p.bulk_groups == [[b"e" * 4, b"B" * 25, b"C" * 10]]
+    assert all(isinstance(view, memoryview) for view in p.bulk_groups[0])
+    assert unit_kinds(p) == [
+        ("parcel", (BULK | 4, BULK | SHARE | 25, 0, BULK | SHARE | 10)),
+        ("fragment", 0, 0, 4),
+        ("fragment", 1, 0, 10),
+        ("fragment", 1, 10, 10),
+        ("fragment", 1, 20, 5),
+        ("fragment", 3, 0, 10),
+    ]
+    # under the threshold: one eager group
+    p = OutgoingParcel(9, 3, frames, eager_threshold=25, fragment_size=10)
+    assert p.bulk_groups == []
+    assert unit_kinds(p) == [("parcel", (4, SHARE | 25, 0, SHARE | 10))]
+
+
+@pytest.mark.parametrize("nframes", [1, 2, 31, 32, 33, 100])
+def test_one_eager_group_of_any_length(nframes):
+    """The compiled fast paths (up to 32 frames) and the general ones agree."""
+    frames = [bytes([i % 256]) * (i + 1) for i in range(nframes)]
+    p = OutgoingParcel(1, 0, frames, eager_threshold=1000, fragment_size=10)
+    sizes = (1, *(SHARE | (i + 1) for i in range(1, nframes)))
+    assert unit_kinds(p) == [("parcel", sizes)]
+    msg = decode_one(ParcelDecoder(), encode_parcel(1, 0, frames, 1000, 10))
+    assert [bytes(f) for f in msg.frames] == frames
+    check_buffers(msg.frames, [False] + [True] * (nframes - 1))
+    # the same with an empty frame first, which takes the general paths
+    msg = decode_one(ParcelDecoder(), encode_parcel(1, 0, [b"", *frames], 1000, 10))
+    assert [bytes(f) for f in msg.frames] == [b"", *frames]
+    check_buffers(msg.frames, [False, False] + [True] * (nframes - 1))
+    # separate objects: a group each; and two groups, the second of shards
+    sharded = [bytearray(b"first"), *shards(nframes, *range(1, nframes - 1))][:nframes]
+    sharded_shares = [False, False, *[True] * (nframes - 2)][:nframes]
+    for objects in ([bytearray(f) for f in frames], sharded):
+        shares = [False] * nframes if objects is not sharded else sharded_shares
+        assert shares_buffer(objects) == shares
+        msg = decode_one(ParcelDecoder(), encode_parcel(1, 0, objects, 1000, 10))
+        assert [bytes(f) for f in msg.frames] == [flat(f) for f in objects]
+        check_buffers(msg.frames, shares)
+
+
 def test_outgoing_parcel_is_zero_copy():
     big = bytearray(b"z" * 100)
     p = OutgoingParcel(0, 0, [big], eager_threshold=10, fragment_size=60)
@@ -1165,19 +1437,68 @@ def test_outgoing_parcel_is_zero_copy():
     unit = p.next_unit()
     big[:] = b"y" * 100  # the fragment payload is a view of the caller's buffer
     assert bytes(unit[1]) == b"y" * 60
+    assert p.bulk_groups[0][0].obj is big
 
 
 def test_outgoing_parcel_without_frames():
     p = OutgoingParcel(0, 0, [], 10, 10)
     assert not p.done and p.nbytes == 0
+    assert p.bulk_groups == []
     (unit,) = units_of(p)
     assert b"".join(bytes(b) for b in unit) == hdr(Kind.PARCEL, 0, 0, 0)
 
 
+def test_outgoing_parcel_of_empty_frames():
+    p = OutgoingParcel(0, 0, [b"", bytearray(), np.empty(0)], 0, 10)
+    assert unit_kinds(p) == [("parcel", (0, 0, 0))]
+    msg = decode_one(ParcelDecoder(), encode_parcel(0, 0, [b"", b""], 0, 10))
+    assert [bytes(f) for f in msg.frames] == [b"", b""]
+    check_buffers(msg.frames, [False, False])
+    assert msg.frames[0] is not msg.frames[1]
+
+
 def test_frame_exactly_at_threshold_is_eager_and_one_above_is_bulk():
-    p = OutgoingParcel(0, 0, [b"a" * 8, b"b" * 9], eager_threshold=8, fragment_size=100)
+    p = OutgoingParcel(0, 0, [bytearray(b"a" * 8), bytearray(b"b" * 9)], eager_threshold=8, fragment_size=100)
     head = b"".join(bytes(b) for b in p.next_unit())
     assert struct.unpack_from("<2Q", head, HEADER.size) == (8, BULK | 9)
+    # in one group, the frame over the threshold takes the whole group bulk
+    p = OutgoingParcel(0, 0, [b"a" * 8, b"b" * 9], eager_threshold=8, fragment_size=100)
+    head = b"".join(bytes(b) for b in p.next_unit())
+    assert struct.unpack_from("<2Q", head, HEADER.size) == (BULK | 8, BULK | SHARE | 9)
+    p = OutgoingParcel(0, 0, [b"a" * 8, b"b" * 8], eager_threshold=8, fragment_size=100)
+    head = b"".join(bytes(b) for b in p.next_unit())
+    assert struct.unpack_from("<2Q", head, HEADER.size) == (8, SHARE | 8)
+
+
+def test_eager_budget_is_spent_group_by_group():
+    """Groups go eager in order while the inline part (size table and eager
+    groups) fits the budget; a group that does not fit goes bulk as a whole,
+    and later, smaller groups may still go eager."""
+    a, b, c = bytearray(b"a" * 40), bytearray(b"b" * 30), bytearray(b"c" * 10)
+    frames = [b"h" * 5, a, b, b"x" * 3, c]  # groups {h, a}, {b}, {x}, {c}
+    assert shares_buffer(frames) == [False, True, False, False, False]
+    budget = 8 * 5 + 45 + 10  # the table, the first group, and 10 bytes more
+    p = OutgoingParcel(0, 0, frames, eager_threshold=100, fragment_size=100, eager_budget=budget)
+    assert unit_kinds(p)[0] == ("parcel", (5, SHARE | 40, BULK | 30, 3, BULK | 10))
+    assert p.bulk_groups == [[b], [c]]
+    limits = Limits(max_eager_bytes=budget)
+    msg = decode_one(ParcelDecoder(limits=limits), encode_parcel_with(frames, 100, 100, eager_budget=budget))
+    assert [bytes(f) for f in msg.frames] == [flat(f) for f in frames]
+    check_buffers(msg.frames, shares_buffer(frames))
+    # a first group one byte too large goes bulk, header frames and all
+    p = OutgoingParcel(0, 0, frames, eager_threshold=100, fragment_size=100, eager_budget=8 * 5 + 44)
+    assert unit_kinds(p)[0] == ("parcel", (BULK | 5, BULK | SHARE | 40, 30, 3, 10))
+    # and so does a group with one frame over the threshold
+    p = OutgoingParcel(0, 0, frames, eager_threshold=39, fragment_size=100, eager_budget=budget)
+    assert unit_kinds(p)[0] == ("parcel", (BULK | 5, BULK | SHARE | 40, 30, 3, 10))
+
+
+def encode_parcel_with(frames, eager_threshold, fragment_size, vc=1, seq=0, pool=None, groups=None, **kwargs):
+    """encode_parcel with the peer's limits as keywords, and bulk groups placed in ``pool``."""
+    p = OutgoingParcel(vc, seq, frames, eager_threshold, fragment_size, **kwargs)
+    if pool is not None:
+        pool.place(p, groups)
+    return b"".join(bytes(b) for unit in units_of(p) for b in unit)
 
 
 @pytest.mark.parametrize(
@@ -1223,18 +1544,17 @@ def test_buffer_types_roundtrip_fortran_and_empty_nd(frame):
         assert [bytes(f) for f in msg.frames] == [expected]
 
 
-def test_default_encoder_output_is_accepted_by_default_decoder():
-    """BUG: the encoder knows nothing of Limits.max_eager_bytes.
-
-    With the defaults of lci.yaml (eager-threshold 64KiB, max-eager-bytes
-    64MiB) a message of 1024 frames of 64KiB -- every one of them eager -- is
-    a perfectly ordinary Dask message, yet the receiver refuses it ("67108864
-    eager bytes exceed the limit": the size table is counted too). The sender
-    should send frames as bulk once the parcel's eager budget is spent.
-    """
+@pytest.mark.parametrize("grouping", ["one-group", "separate"])
+def test_default_encoder_output_is_accepted_by_default_decoder(grouping):
+    """With the defaults of lci.yaml (eager-threshold 64KiB, max-eager-bytes
+    64MiB) a message of 1024 frames of 64KiB is a perfectly ordinary Dask
+    message; the size table counts towards the receiver's limit, so the sender
+    must send groups bulk once the parcel's eager budget is spent."""
     chunk = memoryview(b"\x5a" * (64 * 1024))
-    frames = [chunk] * 1024
+    frames = [chunk] * 1024 if grouping == "one-group" else [bytearray(chunk) for _ in range(1024)]
     p = OutgoingParcel(1, 0, frames, eager_threshold=64 * 1024, fragment_size=1 << 20)
+    # one group: it does not fit; separate groups: all but the last one fit
+    assert len(p.bulk_groups) == 1
     dec = ParcelDecoder()  # default Limits
     events = dec.feed(encode_connect(1))
     while not p.done:
@@ -1243,69 +1563,315 @@ def test_default_encoder_output_is_accepted_by_default_decoder():
     assert isinstance(events[-1], Message)
     assert len(events[-1].frames) == 1024
     assert all(f == chunk for f in events[-1].frames)
+    check_buffers(events[-1].frames, shares_buffer(frames))
     assert dec.idle
 
 
-def test_shard_sized_bulk_frames_share_one_buffer_for_dask_to_join():
-    """Dask splits a large object into consecutive shard-sized pieces; adjacent
-    in one buffer, distributed's merge_memoryviews joins them without a copy."""
-    from distributed.protocol.utils import merge_memoryviews
-
-    pieces = [b"a" * 8, b"b" * 8, b"c" * 3]
-    other = b"d" * 5
-    wire = encode_connect(1) + encode_parcel(1, 0, [b"hdr", *pieces, other], 2, 4)
-    (message,) = [e for e in ParcelDecoder(shard_bytes=8).feed(wire) if isinstance(e, Message)]
-    hdr, *got, last = message.frames
-    assert [bytes(f) for f in got] == pieces and bytes(last) == other
-    assert got[0].obj is got[1].obj is got[2].obj
-    assert bytes(merge_memoryviews(got)) == b"".join(pieces)
-    assert last.obj is not got[0].obj  # the piece after a short one starts a new buffer
-
-    (message,) = [e for e in ParcelDecoder().feed(wire) if isinstance(e, Message)]
-    objs = [f.obj for f in message.frames[1:]]
-    assert len({id(o) for o in objs}) == len(objs)  # without a shard size: one buffer each
-
-
 # ---------------------------------------------------------------------------
-# Placed frames: bulk data the sender already wrote into shared memory
+# The peer's limits: refuse on the sending side what the receiver would refuse
 # ---------------------------------------------------------------------------
 
 
-class SharedPool:
-    """A stand-in for memory shared between sender and receiver."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.memory = np.zeros(nbytes, dtype=np.uint8)
-        self.requests: list[tuple[int, int, int]] = []
-
-    def write(self, offset: int, frames: list[memoryview]) -> None:
-        for frame in frames:
-            self.memory[offset : offset + frame.nbytes] = np.frombuffer(frame, dtype=np.uint8)
-            offset += frame.nbytes
-
-    def resolve(self, handle: int, offset: int, nbytes: int) -> memoryview:
-        self.requests.append((handle, offset, nbytes))
-        if offset + nbytes > self.memory.nbytes:
-            raise ProtocolError(f"placed frames at {offset}+{nbytes} lie outside the pool")
-        return memoryview(self.memory[offset : offset + nbytes])
+def test_message_too_large_is_a_value_error():
+    assert issubclass(MessageTooLarge, ValueError)
+    assert not issubclass(MessageTooLarge, ProtocolError)
 
 
-def placed_stream(frames: list[bytes], pool: SharedPool, handle: int, offset: int) -> bytes:
-    parcel = OutgoingParcel(1, 0, frames, eager_threshold=4, fragment_size=3)
-    pool.write(offset, parcel.bulk)
-    parcel.place(handle, offset)
-    out = bytearray(encode_connect(1))
-    while not parcel.done:
-        for buffer in parcel.next_unit():
-            out += buffer
-    return bytes(out)
+@pytest.mark.parametrize(
+    "frames, kwargs, match",
+    [
+        pytest.param([b"x"] * 11, {"max_frames": 10}, "11 frames exceeds the peer's limits", id="frames"),
+        pytest.param([b""] * 11, {"eager_budget": 80}, "11 frames exceeds the peer's limits",
+                     id="size-table"),
+        pytest.param([b"e" * 100, bytearray(901)], {"max_message_bytes": 1000},
+                     "1001 bytes exceeds the peer's limit of 1000", id="bytes"),
+        pytest.param([np.empty(1001, dtype="u1")], {"max_message_bytes": 1000},
+                     "1001 bytes exceeds", id="bytes-bulk"),
+    ],
+)
+def test_message_too_large(frames, kwargs, match):
+    with pytest.raises(MessageTooLarge, match=match):
+        OutgoingParcel(1, 0, frames, 100, 100, **kwargs)
+
+
+def test_peer_limits_boundaries_are_accepted():
+    limits = Limits(max_message_bytes=1000, max_frames=10, max_eager_bytes=200)
+    peer = {"eager_budget": limits.max_eager_bytes, "max_frames": limits.max_frames,
+            "max_message_bytes": limits.max_message_bytes}
+    for frames in ([b"x"] * 10, [b"e" * 100, bytearray(900)], [b""] * 10, [bytearray(b"y" * 120)] * 8):
+        data = encode_connect(1) + encode_parcel_with(frames, 1000, 100, **peer)
+        (_, msg) = ParcelDecoder(limits=limits).feed(data)
+        assert [bytes(f) for f in msg.frames] == [flat(f) for f in frames]
+    # the size table alone may fill the eager budget: every frame then goes bulk
+    limits = Limits(max_message_bytes=1000, max_frames=25, max_eager_bytes=200)
+    frames = [bytearray(b"z")] * 25
+    data = encode_connect(1) + encode_parcel_with(frames, 1000, 100, eager_budget=200, max_frames=25)
+    (_, msg) = ParcelDecoder(limits=limits).feed(data)
+    assert [bytes(f) for f in msg.frames] == [b"z"] * 25
+
+
+@settings(SETTINGS, max_examples=100)
+@given(
+    data=st.data(),
+    max_message_bytes=st.integers(0, 300),
+    max_frames=st.integers(0, 8),
+    max_eager_bytes=st.integers(0, 150),
+    eager_threshold=st.integers(0, 60),
+)
+def test_sender_never_sends_what_the_peer_refuses(data, max_message_bytes, max_frames, max_eager_bytes,
+                                                  eager_threshold):
+    frames = data.draw(message_frames(random.Random(0), max_objects=6, max_size=80))
+    limits = Limits(
+        max_message_bytes=max_message_bytes, max_frames=max_frames, max_eager_bytes=max_eager_bytes
+    )
+    try:
+        wire = encode_parcel_with(
+            frames, eager_threshold, 16, eager_budget=max_eager_bytes, max_frames=max_frames,
+            max_message_bytes=max_message_bytes,
+        )
+    except MessageTooLarge:
+        assert (
+            len(frames) > max_frames
+            or 8 * len(frames) > max_eager_bytes
+            or sum(len(flat(f)) for f in frames) > max_message_bytes
+        )
+        return
+    events = ParcelDecoder(limits=limits).feed(encode_connect(1) + wire)
+    assert norm(events) == [("connect", 1), ("msg", 1, 0, [flat(f) for f in frames])]
+    check_buffers(events[1].frames, shares_buffer(frames))
+
+
+# ---------------------------------------------------------------------------
+# Receive buffers: the sender's rule
+# ---------------------------------------------------------------------------
+
+
+def arr(n: int, fill: int = 1) -> memoryview:
+    """A frame as Dask makes it of a numpy array: a byte view of the array."""
+    return memoryview(np.full(n, fill, dtype="u1"))
+
+
+def shards(n: int, *cuts: int) -> list[memoryview]:
+    """Consecutive views of one array, cut at ``cuts``."""
+    view = arr(n)
+    bounds = [0, *cuts, n]
+    return [view[a:b] for a, b in pairwise(bounds)]
+
+
+A, B = arr(16, 1), arr(16, 2)
+A1, A2 = shards(16, 10)
+X = b"same bytes object"
+EMPTY_ARRAY = arr(0)
+
+SHARING_RULES = [
+    # (id, frames, shares)
+    ("nothing", [], []),
+    ("one-frame", [b"a"], [False]),
+    ("empty-first", [b"", b"a"], [False, False]),
+    ("empty-between", [b"a", b"", b"b"], [False, False, True]),
+    ("only-empty", [b"", bytearray(), EMPTY_ARRAY], [False, False, False]),
+    ("header-frames", [b"h" * 3000, b"i" * 3000], [False, True]),
+    ("memoryview-of-bytes-is-header", [memoryview(b"h" * 30), A], [False, True]),
+    ("bytes-subclass-is-header", [type("B", (bytes,), {})(b"h" * 30), A], [False, True]),
+    ("header-then-array", [b"h" * 30, b"p" * 200, A], [False, True, True]),
+    ("header-2048-then-array", [b"h" * 2048, arr(1)], [False, True]),
+    ("header-2049-then-array", [b"h" * 2049, arr(1)], [False, False]),
+    ("header-2049-in-pieces", [b"h" * 1000, b"", b"h" * 1049, arr(1)], [False, False, True, False]),
+    ("header-5%-then-array", [b"h" * 10_000, arr(200_000)], [False, True]),
+    ("header-5%+1-then-array", [b"h" * 10_001, arr(200_000)], [False, False]),
+    ("array-first", [A, b"h"], [False, True]),
+    ("bytearray-first", [bytearray(b"ba"), b"h"], [False, True]),
+    ("numpy-frame", [b"h", np.ones(4, "u1")], [False, True]),
+    ("two-arrays", [b"h", A, B], [False, True, False]),
+    ("two-arrays-no-header", [A, B], [False, False]),
+    ("header-after-array-joins-leading-group", [b"h", A, b"t", B], [False, True, True, False]),
+    ("bytes-after-leading-group", [b"h", A, B, b"t"], [False, True, False, False]),
+    ("same-bytes-twice-after-leading-group", [A, B, X, X], [False, False, False, True]),
+    ("shards-in-leading-group", [b"h", A1, A2, B], [False, True, True, False]),
+    ("shards-with-header-between", [b"h", A1, b"t", A2], [False, True, True, True]),
+    ("shards-after-leading-group", [b"h", B, A1, A2], [False, True, False, True]),
+    ("shards-across-an-empty-frame", [b"h", B, A1, b"", A2], [False, True, False, False, True]),
+    ("shards-not-consecutive", [b"h", B, A1, A, A2], [False, True, False, False, False]),
+    ("shards-of-a-big-first-object", [b"h" * 3000, A1, A2], [False, False, True]),
+    ("empty-array-ends-the-leading-group", [b"h", EMPTY_ARRAY, A], [False, False, False]),
+    ("empty-array-in-the-leading-group", [b"h", A1, EMPTY_ARRAY, A2], [False, True, False, True]),
+    ("same-array-twice", [b"h", A, A], [False, True, True]),
+    ("same-array-twice-after-leading-group", [b"h", B, A, A], [False, True, False, True]),
+]
+
+
+@pytest.mark.parametrize("frames, shares", [pytest.param(*r[1:], id=r[0]) for r in SHARING_RULES])
+def test_sharing_rule(frames, shares):
+    assert shares_buffer(frames) == shares
+    # and the receiver keeps the frames so, eager or bulk, fragmented or placed
+    for threshold, pool in ((1 << 20, None), (0, None), (0, SharedPool()), (64, SharedPool())):
+        wire = encode_parcel_with(frames, threshold, 7, pool=pool, eager_budget=1 << 20)
+        msg = decode_one(ParcelDecoder(placement=None if pool is None else pool.resolve), wire)
+        assert [bytes(f) for f in msg.frames] == [flat(f) for f in frames]
+        check_buffers(msg.frames, shares)
+
+
+def tcp_leading_bytes(frames) -> int:
+    """The bytes Dask's tcp comm reads into its first buffer."""
+    from distributed.comm.tcp import _add_frames_header
+    from distributed.protocol.utils import pack_frames_prelude
+
+    out, _, _ = _add_frames_header(list(frames))
+    return struct.unpack_from("Q", out[0])[0] - len(pack_frames_prelude(frames))
+
+
+@settings(SETTINGS, max_examples=200)
+@given(data=st.data(), empties=st.booleans())
+def test_sharing_rule_is_tcp_leading_group(data, empties):
+    """Our first group is what tcp reads into its first buffer, exactly when no
+    empty frame lies in it; an empty frame of another object ends tcp's group,
+    while we keep later shards of the object before it in its buffer."""
+    content = random.Random(0)
+    frames = []
+    for _ in range(data.draw(st.integers(0, 6))):
+        kind = data.draw(st.sampled_from(["header", "object", "shards", "repeat"] + ["empty"] * empties))
+        n = data.draw(st.sampled_from([0, 1, 100, 1000, 2048, 2049, 5000, 60_000]) if kind != "empty"
+                      else st.just(0))
+        if kind == "header":
+            frames.append(content.randbytes(n))
+        elif kind == "object":
+            frames.append(memoryview(np.frombuffer(bytearray(content.randbytes(n)), "u1")))
+        elif kind == "shards" and n > 1:
+            frames += shards(n, n // 2)
+        elif kind == "repeat" and frames:
+            frames.append(frames[-1])
+        elif kind == "empty":
+            frames.append(arr(0))
+    if not empties:
+        frames = [f for f in frames if len(flat(f))]
+    shares = shares_buffer(frames)
+    sizes = [len(flat(f)) for f in frames]
+    first_group = 0
+    for n, share in zip(sizes, shares, strict=True):
+        if n and first_group and not share:
+            break
+        first_group += n
+    if empties:
+        assert tcp_leading_bytes(frames) <= first_group
+    else:
+        assert tcp_leading_bytes(frames) == first_group
+    # after the first group, a frame shares exactly when it is a shard of the previous one
+    previous = None
+    seen = 0
+    for frame, n, share in zip(frames, sizes, shares, strict=True):
+        if not n:
+            assert not share
+            continue
+        seen += n
+        owner = frame.obj if isinstance(frame, memoryview) else frame
+        if seen > first_group:
+            assert share == (owner is previous)
+        previous = owner
+
+
+# ---------------------------------------------------------------------------
+# Receive buffers: Dask's own cases
+# ---------------------------------------------------------------------------
+
+
+def to_frames(msg, **kwargs) -> list:
+    from distributed.comm.utils import to_frames
+
+    return asyncio.run(to_frames(msg, allow_offload=False, **kwargs))
+
+
+def from_frames(frames):
+    from distributed.comm.utils import from_frames
+
+    return asyncio.run(from_frames(frames, allow_offload=False))
+
+
+#: How a message may travel: (eager threshold, place bulk groups)
+PATHS = [
+    pytest.param(1 << 20, False, id="eager"),
+    pytest.param(0, False, id="fragments"),
+    pytest.param(0, True, id="placed"),
+    pytest.param(4096, False, id="mixed"),
+    pytest.param(4096, True, id="mixed-placed"),
+]
+
+
+def send_and_receive(frames, threshold: int, placed: bool) -> list[memoryview]:
+    pool = SharedPool() if placed else None
+    wire = encode_parcel_with(frames, threshold, 64 * 1024, pool=pool)
+    dec = ParcelDecoder(buffer_size=4096, placement=None if pool is None else pool.resolve)
+    msg = decode_one(dec, wire)
+    check_buffers(msg.frames, shares_buffer(frames))
+    return msg.frames
+
+
+class OpaqueList(list):
+    """Pickled as a whole: its arrays travel as out-of-band pickle buffers."""
+
+
+@pytest.mark.parametrize("threshold, placed", PATHS)
+@pytest.mark.parametrize("list_cls", [list, OpaqueList])
+@pytest.mark.parametrize("size", [2, 100_000])
+def test_do_not_share_buffers(size, list_cls, threshold, placed):
+    """distributed's test_do_not_share_buffers: two arrays of one message do
+    not share a buffer after receipt, so that releasing one frees its memory."""
+    from distributed.protocol import to_serialize
+    from distributed.protocol.utils_test import get_host_array
+
+    frames = to_frames({"data": to_serialize(list_cls([np.full(size, 1), np.full(size, 2)]))})
+    a, b = from_frames(send_and_receive(frames, threshold, placed))["data"]
+    assert (a == 1).all() and (b == 2).all()
+    assert get_host_array(a) is not get_host_array(b)
+
+
+@pytest.mark.parametrize("threshold, placed", PATHS)
+@pytest.mark.parametrize(
+    "nbytes_np, nbytes_other, expect_separate_buffer",
+    [
+        (1, 0, False),  # <2 kiB (including prologue and msgpack header)
+        (1, 1800, False),  # <2 kiB
+        (1, 2100, True),  # >2 kiB
+        (200_000, 9500, False),  # <5% of numpy array
+        (200_000, 10500, True),  # >5% of numpy array
+        (350_000, 0, False),  # sharded buffer
+    ],
+)
+def test_share_buffer_with_header(nbytes_np, nbytes_other, expect_separate_buffer, threshold, placed):
+    """distributed's test_share_buffer_with_header (shards of 250_000 bytes):
+    an array shares its buffer with the header frames exactly where tcp lets it."""
+    from distributed.protocol import to_serialize
+    from distributed.protocol.utils_test import get_host_array
+
+    rng = np.random.default_rng(0)
+    array = rng.integers(0, 256, nbytes_np, dtype="u1")
+    other = rng.bytes(nbytes_other)
+    frames = to_frames({"np": to_serialize(array), "other": other}, frame_split_size=250_000)
+    if nbytes_np == 350_000:
+        assert [len(flat(f)) for f in frames][-2:] == [250_000, 100_000]
+    assert shares_buffer(frames)[-1] == (not expect_separate_buffer)
+    msg = from_frames(send_and_receive(frames, threshold, placed))
+    a = msg["np"]
+    assert np.array_equal(a, array) and msg["other"] == other
+    # (had Dask copied the shards to join them, ``a`` would own a buffer of its own)
+    ha = get_host_array(a)
+    assert (memoryview(ha).nbytes == a.nbytes) == expect_separate_buffer
+
+
+# ---------------------------------------------------------------------------
+# Placed groups: bulk data the sender already wrote into shared memory
+# ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("feed", ["whole", "bytewise", "buffered"])
-def test_placed_frames_are_views_of_the_shared_memory(feed, alloc_spy):
-    frames = [b"ab", b"0123456789", b"xyz", b"bulk-two", b""]
-    pool = SharedPool(4096)
-    data = placed_stream(frames, pool, handle=7, offset=128)
+def test_placed_groups_are_views_of_the_shared_memory(feed, alloc_spy):
+    shard = memoryview(bytearray(b"0123456789"))
+    frames = [b"ab", shard[:4], shard[4:], bytearray(b"xyz"), bytearray(b"bulk-two"), b""]
+    assert shares_buffer(frames) == [False, True, True, False, False, False]
+    pool = SharedPool()
+    p = OutgoingParcel(1, 0, frames, eager_threshold=4, fragment_size=3)
+    assert p.bulk_groups == [[b"ab", b"0123", b"456789"], [b"bulk-two"]]
+    assert pool.place(p, offset=64) == [100, 101]
+    data = encode_connect(1) + b"".join(bytes(b) for unit in units_of(p) for b in unit)
     dec = ParcelDecoder(buffer_size=24, placement=pool.resolve)
     if feed == "whole":
         events = dec.feed(data)
@@ -1315,19 +1881,55 @@ def test_placed_frames_are_views_of_the_shared_memory(feed, alloc_spy):
         events = feed_buffered(dec, data)
     message = events[-1]
     assert isinstance(message, Message)
-    assert [bytes(f) for f in message.frames] == frames
-    assert pool.requests == [(7, 128, 18)]
-    assert np.shares_memory(np.frombuffer(message.frames[1], np.uint8), pool.memory)
-    assert np.shares_memory(np.frombuffer(message.frames[3], np.uint8), pool.memory)
-    # no buffer was allocated for the bulk frames
+    assert [bytes(f) for f in message.frames] == [flat(f) for f in frames]
+    assert pool.requests == [(100, 64, 12), (101, 64, 8)]
+    for index, handle in ((0, 100), (1, 100), (2, 100), (4, 101)):
+        assert np.shares_memory(np.frombuffer(message.frames[index], np.uint8), pool.blocks[handle])
+    check_buffers(message.frames, shares_buffer(frames))
+    # no buffer was allocated for the bulk groups; the eager one was copied out
     assert alloc_spy.arrays == []
+    assert alloc_spy.copies == [3]
     assert dec.idle
 
 
+def test_placed_and_fragmented_groups_mix(alloc_spy):
+    frames = [bytearray(b"A" * 20), bytearray(b"B" * 30), b"h", bytearray(b"C" * 40)]
+    assert shares_buffer(frames) == [False, False, False, False]
+    pool = SharedPool()
+    p = OutgoingParcel(1, 0, frames, eager_threshold=4, fragment_size=16)
+    assert len(p.bulk_groups) == 3
+    assert pool.place(p, groups=[0, 2]) == [100, 101]
+    assert unit_kinds(p) == [
+        ("parcel", (BULK | 20, BULK | 30, 1, BULK | 40)),
+        ("placed", 0, 100, 0, 20),
+        ("fragment", 1, 0, 16),
+        ("fragment", 1, 16, 14),
+        ("placed", 3, 101, 0, 40),
+    ]
+    pool = SharedPool()
+    p = OutgoingParcel(1, 0, frames, eager_threshold=4, fragment_size=16)
+    pool.place(p, groups=[0, 2])
+    data = encode_connect(1) + b"".join(bytes(b) for unit in units_of(p) for b in unit)
+    for chunk in (len(data), 1, 7):
+        alloc_spy.arrays.clear()
+        dec = ParcelDecoder(placement=pool.resolve)
+        events = feed_chunks(dec, data, [chunk])
+        assert norm(events) == [("connect", 1), ("msg", 1, 0, [flat(f) for f in frames])]
+        frames_out = events[1].frames
+        check_buffers(frames_out, [False] * 4)
+        assert np.shares_memory(np.frombuffer(frames_out[0], np.uint8), pool.blocks[100])
+        assert np.shares_memory(np.frombuffer(frames_out[3], np.uint8), pool.blocks[101])
+        assert isinstance(frames_out[1].obj, np.ndarray) and frames_out[1].obj.base is None
+        assert alloc_spy.arrays == [30]  # only the fragmented group got a buffer
+        assert dec.idle
+
+
 def test_placement_errors_propagate():
-    pool = SharedPool(64)
-    data = placed_stream([b"x" * 40], pool, handle=0, offset=0)
-    bad = data.replace(PLACED_EXT.pack(0, 0, 40), PLACED_EXT.pack(0, 48, 40))
+    pool = SharedPool()
+    frames = [bytearray(b"x" * 40)]
+    data = encode_connect(1) + encode_parcel_with(frames, 4, 3, pool=pool)
+    bad = data.replace(PLACED_EXT.pack(100, 0, 40), PLACED_EXT.pack(100, 8, 40))
+    assert bad != data
     with pytest.raises(ProtocolError, match="outside the pool"):
         ParcelDecoder(placement=pool.resolve).feed(bad)
 
@@ -1335,28 +1937,191 @@ def test_placement_errors_propagate():
 @pytest.mark.parametrize(
     "placed, match",
     [
-        pytest.param(raw_placed(1, 0, 2, 0, 0, 14), "do not cover", id="starts-at-second-bulk-frame"),
-        pytest.param(raw_placed(1, 0, 0, 0, 0, 14), "do not cover", id="starts-at-eager-frame"),
-        pytest.param(raw_placed(1, 0, 1, 0, 0, 13), "do not cover", id="one-byte-short"),
-        pytest.param(raw_placed(1, 0, 1, 0, 0, 15), "do not cover", id="one-byte-long"),
-        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 5) + raw_placed(1, 0, 1, 0, 0, 14), "do not cover",
+        pytest.param(raw_placed(1, 0, 4, 0, 0, 5),
+                     r"placed group 4\+5 is not the next bulk group of parcel 0 on vc 1",
+                     id="second-group-first"),
+        pytest.param(raw_placed(1, 0, 2, 0, 0, 4), "is not the next", id="starts-at-a-group-member"),
+        pytest.param(raw_placed(1, 0, 2, 0, 0, 14), "is not the next", id="starts-at-a-group-member-whole"),
+        pytest.param(raw_placed(1, 0, 0, 0, 0, 14), "is not the next", id="starts-at-eager-frame"),
+        pytest.param(raw_placed(1, 0, 3, 0, 0, 14), "is not the next", id="starts-at-empty-frame"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 10), "is not the next", id="first-frame-only"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 13), "is not the next", id="one-byte-short"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 15), "is not the next", id="one-byte-long"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 19), "is not the next", id="both-groups"),
+        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 5) + raw_placed(1, 0, 1, 0, 0, 14), "is not the next",
                      id="after-a-fragment"),
+        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 10) + raw_placed(1, 0, 1, 0, 0, 14), "is not the next",
+                     id="after-a-frame"),
+        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 10) + raw_placed(1, 0, 2, 0, 0, 4), "is not the next",
+                     id="rest-of-a-group"),
+        pytest.param(raw_fragment(1, 0, 1, 0, b"a" * 10) + raw_fragment(1, 0, 2, 0, b"b" * 4)
+                     + raw_placed(1, 0, 1, 0, 0, 14), "is not the next", id="group-already-fragmented"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 14) + raw_placed(1, 0, 1, 0, 0, 14), "is not the next",
+                     id="placed-twice"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 14) + raw_fragment(1, 0, 1, 0, b"a" * 10), "does not continue",
+                     id="fragment-after-placed"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 14) + raw_fragment(1, 0, 2, 0, b"a" * 4), "does not continue",
+                     id="fragment-of-placed-group"),
+        pytest.param(raw_placed(1, 0, 1, 0, 0, 14) + raw_placed(1, 0, 4, 0, 0, 5)
+                     + raw_placed(1, 0, 4, 0, 0, 5), "placed group for unknown parcel 0 on vc 1",
+                     id="after-the-last-group"),
     ],
 )
-def test_placed_must_cover_the_whole_bulk(placed, match):
-    pool = SharedPool(64)
+def test_placed_must_be_the_next_bulk_group(placed, match, alloc_spy):
+    pool = SharedPool()
+    pool.write(0, 0, [memoryview(b"\0" * 64)])
     dec = ParcelDecoder(placement=pool.resolve)
-    dec.feed(encode_connect(1) + P_BULK2)
+    dec.feed(encode_connect(1) + P_GROUPS)
     with pytest.raises(ProtocolError, match=match):
         dec.feed(placed)
-    assert pool.requests == []
+    # only the valid records were resolved: an offending one is refused first
+    records = placed.count(MAGIC + bytes([VERSION, Kind.PLACED]))
+    offending_is_a_record = placed[placed.rindex(MAGIC) + 5] == Kind.PLACED
+    assert len(pool.requests) == records - offending_is_a_record
+    assert all(request in ((0, 0, 14), (0, 0, 5)) for request in pool.requests)
+    # and only fragments made the decoder allocate (their group's buffer)
+    if MAGIC + bytes([VERSION, Kind.FRAGMENT]) not in placed:
+        assert alloc_spy.arrays == []
 
 
-def test_place_needs_unsent_bulk_frames():
-    with pytest.raises(ValueError, match="only a parcel"):
-        OutgoingParcel(1, 0, [b"small"], eager_threshold=8, fragment_size=4).place(0, 0)
-    parcel = OutgoingParcel(1, 0, [b"a" * 20], eager_threshold=8, fragment_size=4)
-    parcel.next_unit()
-    parcel.next_unit()
-    with pytest.raises(ValueError, match="only a parcel"):
-        parcel.place(0, 0)
+def test_placed_group_boundaries():
+    """P_GROUPS placed group by group: the frames come out of the two blocks."""
+    pool = SharedPool()
+    pool.write(7, 0, [memoryview(b"0123456789wxyz")])
+    pool.write(8, 3, [memoryview(b"VWXYZ")])
+    dec = ParcelDecoder(placement=pool.resolve)
+    placed = raw_placed(1, 0, 1, 7, 0, 14) + raw_placed(1, 0, 4, 8, 3, 5)
+    events = dec.feed(encode_connect(1) + P_GROUPS + placed)
+    assert norm(events) == [("connect", 1), ("msg", 1, 0, [b"abc", b"0123456789", b"wxyz", b"", b"VWXYZ"])]
+    check_buffers(events[1].frames, [False, False, True, False, False])
+    assert pool.requests == [(7, 0, 14), (8, 3, 5)]
+    assert dec.idle
+
+
+def test_place_api():
+    frames = [bytearray(b"a" * 20), bytearray(b"b" * 20), bytearray(b"c" * 20)]
+    p = OutgoingParcel(1, 0, frames, eager_threshold=8, fragment_size=4)
+    with pytest.raises(ValueError, match="no bulk group 3"):
+        p.place(3, 0, 0)
+    with pytest.raises(ValueError, match="no bulk group -1"):
+        p.place(-1, 0, 0)
+    p.place(1, 5, 6)  # a later group, before anything was sent
+    with pytest.raises(ValueError, match="only a bulk group whose units are all unsent"):
+        p.place(1, 5, 6)  # twice
+    p.next_unit()  # the head: every group is still unsent
+    p.next_unit()  # a fragment of group 0
+    with pytest.raises(ValueError, match="only a bulk group whose units are all unsent can be placed, not 0"):
+        p.place(0, 0, 0)
+    p.place(2, 7, 8)  # later groups still may be placed
+    kinds = [kind for kind, *_ in unit_kinds(p)]
+    assert kinds == ["fragment"] * 4 + ["placed", "placed"]
+    with pytest.raises(ValueError, match="not 2"):
+        p.place(2, 7, 8)
+    # a parcel without bulk groups has nothing to place
+    with pytest.raises(ValueError, match="no bulk group 0"):
+        OutgoingParcel(1, 0, [b"small"], eager_threshold=8, fragment_size=4).place(0, 0, 0)
+
+
+def test_placed_record_names_the_group():
+    frames = [b"h", arr(30), bytearray(10), *shards(40, 15)]
+    assert shares_buffer(frames) == [False, True, False, False, True]
+    p = OutgoingParcel(3, 9, frames, eager_threshold=0, fragment_size=4)
+    for group in range(3):
+        p.place(group, 10 + group, 8 * group)
+    assert unit_kinds(p) == [
+        ("parcel", (BULK | 1, BULK | SHARE | 30, BULK | 10, BULK | 15, BULK | SHARE | 25)),
+        ("placed", 0, 10, 0, 31),
+        ("placed", 2, 11, 8, 10),
+        ("placed", 3, 12, 16, 40),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Hostile size tables: refused before anything is allocated
+# ---------------------------------------------------------------------------
+
+HOSTILE_TABLES = [
+    pytest.param([SHARE | 3], "frame 0 shares the buffer of no earlier frame", id="share-first"),
+    pytest.param([0, SHARE | 3, 3], "frame 1 shares the buffer of no earlier frame",
+                 id="share-first-nonempty"),
+    pytest.param([3, SHARE | 3, BULK | SHARE | 3], "frame 2 shares a buffer across", id="eager-then-bulk"),
+    pytest.param([BULK | 3, SHARE | 3, 3], "frame 1 shares a buffer across", id="bulk-then-eager"),
+    pytest.param([3, SHARE, 3], "empty shared frame 1", id="empty-shared"),
+    pytest.param([3, BULK, 3], "empty bulk frame 1", id="empty-bulk"),
+    pytest.param([3, SHARE | 3] * 20 + [SHARE | BULK | 1], "frame 40 shares a buffer across", id="long"),
+]
+
+
+@pytest.mark.parametrize("sizes, match", HOSTILE_TABLES)
+def test_hostile_tables_refused_without_allocation(sizes, match, alloc_spy):
+    eager = b"e" * sum(size & SIZE_MASK for size in sizes if not size & BULK)
+    dec = ParcelDecoder(buffer_size=4096)
+    dec.feed(encode_connect(1))
+    with pytest.raises(ProtocolError, match=match):
+        dec.feed(raw_parcel(1, 0, sizes, eager) + raw_fragment(1, 0, 0, 0, b"f" * 3))
+    assert alloc_spy.arrays == [] and alloc_spy.copies == []
+
+
+@st.composite
+def size_tables(draw):
+    """Size tables of frames of 0 to 3 bytes with any flags: mostly wrong."""
+    flags = st.sampled_from([0, 0, SHARE, SHARE, BULK, BULK | SHARE])
+    return draw(st.lists(st.tuples(flags, st.integers(0, 3)).map(lambda t: t[0] | t[1]), max_size=40))
+
+
+def model_groups(sizes):
+    """The rule of the wire format, written plainly: groups as lists of frame
+    indices with their kind, or the index of the first offending frame."""
+    groups: list = []
+    for index, size in enumerate(sizes):
+        n, bulk, share = size & SIZE_MASK, bool(size & BULK), bool(size & SHARE)
+        if not n:
+            if bulk or share:
+                return index
+            continue
+        if share:
+            if not groups or groups[-1][0] != bulk:
+                return index
+            groups[-1][1].append(index)
+        else:
+            groups.append((bulk, [index]))
+    return groups
+
+
+@settings(SETTINGS, max_examples=300)
+@given(sizes=size_tables())
+def test_any_size_table(sizes):
+    """Every table the model calls valid decodes into its groups; every other
+    one is refused, naming the first offending frame, with nothing allocated."""
+    with spying() as alloc_spy:
+        check_size_table(sizes, alloc_spy)
+
+
+def check_size_table(sizes, alloc_spy):
+    model = model_groups(sizes)
+    eager = bytes(range(sum(size & SIZE_MASK for size in sizes if not size & BULK)))
+    dec = ParcelDecoder()
+    dec.feed(encode_connect(1))
+    if isinstance(model, int):
+        with pytest.raises(ProtocolError, match=rf"frame {model}\b"):
+            dec.feed(raw_parcel(1, 0, sizes, eager))
+        assert alloc_spy.arrays == [] and alloc_spy.copies == []
+        return
+    events = dec.feed(raw_parcel(1, 0, sizes, eager))
+    group_bytes = [(bulk, sum(sizes[i] & SIZE_MASK for i in members)) for bulk, members in model]
+    assert alloc_spy.copies == [nbytes for bulk, nbytes in group_bytes if not bulk]
+    rest = b""
+    for bulk, members in model:
+        if bulk:
+            for i in members:
+                rest += raw_fragment(1, 0, i, 0, b"B" * (sizes[i] & SIZE_MASK))
+    events += dec.feed(rest)
+    assert alloc_spy.arrays == [nbytes for bulk, nbytes in group_bytes if bulk]
+    (message,) = events
+    assert [f.nbytes for f in message.frames] == [size & SIZE_MASK for size in sizes]
+    shares = [False] * len(sizes)
+    for _, members in model:
+        for i in members[1:]:
+            shares[i] = True
+    check_buffers(message.frames, shares)
+    assert dec.idle
