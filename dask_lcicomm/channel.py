@@ -1,15 +1,15 @@
-"""A channel: the devices that connect this parcelport to one remote listener.
+"""A channel: the links that connect this parcelport to one remote listener.
 
 Every comm a process opens to the same listener becomes a virtual connection
 on the channel; with ``ndevices`` > 1 the virtual connections are spread over
 replicated devices (LCI's answer to contention on one network queue). The
-channel closes its devices once its last virtual connection is gone.
+channel closes its links once its last virtual connection is gone.
 
-The provider is chosen when the channel opens: the first device connects
-over tcp and greets the listener; if the listener offers shared memory and
-``providers`` prefers it, the channel proves it shares the host by attaching
-to it, and then uses only shm devices (the tcp one is closed); otherwise it
-stays on tcp.
+The provider is chosen when the channel opens: the first link connects over
+the bootstrap provider and greets the listener; then each provider the
+listener offered, that we prefer to the bootstrap, is tried in turn for all
+devices, and the first that connects is used (the bootstrap link closes);
+if none does, the channel stays on the bootstrap.
 """
 
 from __future__ import annotations
@@ -17,123 +17,146 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from dask_lcicomm.link import Link
 from dask_lcicomm.parcel import MAX_VC
-from dask_lcicomm.providers.base import Device
-from dask_lcicomm.providers.shm import ShmUnavailable
+from dask_lcicomm.providers.registry import Provider, ProviderUnavailable
 
-if TYPE_CHECKING:
-    from dask_lcicomm.parcelport import Parcelport
+logger = logging.getLogger(__name__)
 
-logger = logging.getLogger("dask_lcicomm.channel")
+
+class Opener(Protocol):
+    """How a channel gets its links (the parcelport)."""
+
+    def bootstrap(self, host: str, port: int, index: int) -> Awaitable[Link]:
+        """A greeted link over the bootstrap provider."""
+
+    def upgrades(self) -> list[Provider]:
+        """Providers to try after the bootstrap link, in order of preference."""
+
+    def upgrade(self, provider: Provider, first: Link, index: int) -> Awaitable[Link]:
+        """A greeted link over ``provider`` to the peer greeted on ``first``."""
+
+    def finish(self, link: Link) -> None:
+        """Close ``link`` gracefully."""
+
+    def forget(self, channel: Channel) -> None:
+        """The channel is closed."""
 
 
 class Channel:
-    """The devices to the listener at ``key``, opened once, shared by its comms."""
+    """The links to the listener at ``key``, opened once, shared by its comms."""
 
-    def __init__(self, port: Parcelport, key: str) -> None:
-        self.port = port
+    def __init__(self, opener: Opener, key: str, ndevices: int) -> None:
+        self._opener = opener
         self.key = key
-        self.devices: list[Device] = []
+        self._ndevices = ndevices
+        self.links: list[Link] = []
         self.closed = False
         self._opening: asyncio.Task[None] | None = None
         self._pending = 0
         self._next_vc = 1
 
     def start(self, host: str, port: int) -> None:
-        """Begin connecting the devices; :meth:`allocate` waits for them."""
+        """Begin connecting the links; :meth:`allocate` waits for them."""
         self._opening = asyncio.ensure_future(self._open(host, port))
         # Retrieved here so that a failure nobody waited for is not reported.
         self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _open(self, host: str, port: int) -> None:
         # The channel's state changes inside the task, so that whoever sees
-        # the task done sees the devices too (a done-callback would run later).
+        # the task done sees the links too (a done-callback would run later).
         try:
-            devices = await self._open_devices(host, port)
+            links = await self._open_links(host, port)
         except BaseException:
             self.closed = True
-            self.port.forget_channel(self)
+            self._opener.forget(self)
             raise
-        self.devices = devices
-        for device in devices:
-            device.channel = self
-        self.maybe_close()
+        if self.closed:
+            for link in links:
+                self._opener.finish(link)
+            return
+        self.links = links
+        for link in links:
+            link.owner = self
+        self.link_idle(links[0])
 
-    async def _open_devices(self, host: str, port: int) -> list[Device]:
-        n = self.port.settings.ndevices
-        first = await self.port.open_device(host, port, 0)
-        if self.port.prefers_shm and "shm" in first.peer_info:
-            try:
-                devices = await self._all(self.port.open_shm_device(first, i) for i in range(n))
-            except ShmUnavailable as e:
-                logger.info("channel to %s stays on tcp: shared memory unavailable: %s", self.key, e)
-            except BaseException:
-                self.port.finish_device(first)
-                raise
-            else:
-                self.port.finish_device(first)
-                return devices
+    async def _open_links(self, host: str, port: int) -> list[Link]:
+        n = self._ndevices
+        opener = self._opener
+        first = await opener.bootstrap(host, port, 0)
+        assert first.peer is not None
         try:
-            return [first, *await self._all(self.port.open_device(host, port, i) for i in range(1, n))]
+            for provider in opener.upgrades():
+                if provider.name not in first.peer.offers:
+                    continue
+                try:
+                    links = await self._all(opener.upgrade(provider, first, i) for i in range(n))
+                except ProviderUnavailable as e:
+                    logger.info("channel to %s does not use %s: %s", self.key, provider.name, e)
+                    continue
+                opener.finish(first)
+                return links
+            return [first, *await self._all(opener.bootstrap(host, port, i) for i in range(1, n))]
         except BaseException:
-            self.port.finish_device(first)
+            opener.finish(first)
             raise
 
-    async def _all(self, openings: Iterable[Awaitable[Device]]) -> list[Device]:
-        """Open devices concurrently; if any fails, close the others and raise."""
+    async def _all(self, openings: Iterable[Awaitable[Link]]) -> list[Link]:
+        """Open links concurrently; if any fails, close the others and raise."""
         results = await asyncio.gather(*openings, return_exceptions=True)
-        devices = [r for r in results if isinstance(r, Device)]
+        links = [r for r in results if isinstance(r, Link)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            for device in devices:
-                self.port.finish_device(device)
+            for link in links:
+                self._opener.finish(link)
             raise errors[0]
-        return devices
+        return links
 
-    async def allocate(self) -> tuple[Device, int]:
-        """A device and a fresh virtual-connection id on it."""
+    async def allocate(self) -> tuple[Link, int]:
+        """A link and a fresh virtual-connection id on it."""
         assert self._opening is not None
         self._pending += 1
         try:
             await asyncio.shield(self._opening)
         finally:
             self._pending -= 1
-        if self.closed:
-            self.maybe_close()
+        if self.closed or not self.links:
+            self._maybe_close()
             raise ConnectionResetError(f"channel to {self.key} closed while connecting")
         vc = self._next_vc
         if vc > MAX_VC:
             raise ConnectionError(f"channel to {self.key} ran out of virtual connection ids")
         self._next_vc += 1
-        return self.devices[vc % len(self.devices)], vc
+        return self.links[vc % len(self.links)], vc
 
-    @property
-    def nvcs(self) -> int:
-        return sum(len(device.vcs) for device in self.devices)
+    def link_idle(self, link: Link) -> None:
+        """A virtual connection closed on one of our links."""
+        self._maybe_close()
 
-    def maybe_close(self) -> None:
-        """Close once opened (or broken) with no virtual connection and nobody waiting."""
-        if not self._pending and not self.nvcs and (self.devices or self.closed):
-            self._close()
+    def link_lost(self, link: Link) -> None:
+        """One link died: the channel is broken; close the rest."""
+        self._close()
 
     def retire(self) -> None:
         """The listener refused a virtual connection: it is not the one we
         connected to any more. Open no more virtual connections here; close
         when the last one is gone."""
         self.closed = True
-        self.port.forget_channel(self)
-        self.maybe_close()
+        self._opener.forget(self)
+        self._maybe_close()
 
-    def device_lost(self) -> None:
-        """One device died: the channel is broken; close the rest."""
-        self.closed = True
-        self._close()
+    def _maybe_close(self) -> None:
+        """Close once opened (or broken) with no virtual connection and nobody waiting."""
+        if self._pending or any(link.vcs for link in self.links):
+            return
+        if self.links or self.closed:
+            self._close()
 
     def _close(self) -> None:
         self.closed = True
-        devices, self.devices = self.devices, []
-        for device in devices:
-            self.port.finish_device(device)
-        self.port.forget_channel(self)
+        links, self.links = self.links, []
+        for link in links:
+            self._opener.finish(link)
+        self._opener.forget(self)

@@ -7,6 +7,7 @@ All knobs live under ``distributed.comm.lci``; their defaults ship in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -21,7 +22,6 @@ PREFIX = "distributed.comm.lci"
 
 PROGRESS_MODES = ("loop", "thread", "poll")
 COMPLETION_MODES = ("queue", "sync")
-PROVIDERS = ("shm", "tcp")
 
 
 def _load_defaults() -> dict:
@@ -39,6 +39,13 @@ def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{PREFIX}.{key} must be one of {allowed}, got {value!r}")
     return str(value)
+
+
+def _provider(name: str) -> str:
+    """A name of a provider module (see :mod:`dask_lcicomm.providers.registry`)."""
+    if not name.isidentifier() or importlib.util.find_spec(f"dask_lcicomm.providers.{name}") is None:
+        raise ValueError(f"{PREFIX}.providers: there is no provider called {name!r}")
+    return name
 
 
 def _positive(key: str, value: int) -> int:
@@ -99,7 +106,7 @@ class Settings:
         providers = c["providers"]
         if isinstance(providers, str):
             providers = [p.strip() for p in providers.strip("[]").split(",")]
-        providers = tuple(_choice("providers", p, PROVIDERS) for p in providers)
+        providers = tuple(_provider(str(p)) for p in providers)
         if "tcp" not in providers:
             raise ValueError(
                 f"{PREFIX}.providers must include tcp (it carries the greeting and reaches"

@@ -1,31 +1,35 @@
 """The parcelport: this process's lci:// endpoint on one event loop.
 
-It owns the progress engine, the completion object, every device and the
-channels to remote listeners, and it routes each completion to its virtual
-connection. Dask comms between the same two processes are virtual
-connections multiplexed over one channel, so a thousand comms do not cost a
-thousand sockets. The parcelport exists while a comm, device or listener
-does; when the last one goes, progress stops (and its threads exit).
+It owns the progress engine, the completion object, every link (a device and
+what rides on it) and the channels to remote listeners, and it routes each
+completion to its link and virtual connection. Dask comms between the same
+two processes are virtual connections multiplexed over one channel, so a
+thousand comms do not cost a thousand sockets. The parcelport exists while a
+link, channel or listener does; when the last one goes, progress stops (and
+its threads exit).
+
+It knows providers only through :mod:`dask_lcicomm.providers.registry`, and
+what uses a virtual connection only as a :class:`~dask_lcicomm.vconn.VirtualConnection`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import dask.config
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_timedelta
 from distributed.comm.addressing import unparse_host_port
-from distributed.comm.core import CommClosedError
+from distributed.comm.core import CommClosedError, FatalCommClosedError
 
 from dask_lcicomm.channel import Channel
 from dask_lcicomm.config import Settings
-from dask_lcicomm.comm.comm import LCIComm
+from dask_lcicomm.link import Greeting, Link, State, Step
 from dask_lcicomm.parcel import (
     Close,
     Connect,
@@ -37,29 +41,45 @@ from dask_lcicomm.parcel import (
     encode_hello,
 )
 from dask_lcicomm.progress import ProgressEngine, make_completion
-from dask_lcicomm.providers import shm
-from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, Raw, SendDone, Unit
-from dask_lcicomm.providers.shm import ShmDevice, ShmUnavailable
-from dask_lcicomm.providers.shm_segment import Layout
-from dask_lcicomm.providers.tcp import TcpDevice, configure_socket, open_connection
+from dask_lcicomm.providers import registry
+from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, DeviceOptions, SendDone
+from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
+from dask_lcicomm.providers.send_queue import Raw, Unit
+from dask_lcicomm.vconn import VirtualConnection
 
-if TYPE_CHECKING:
-    from dask_lcicomm.comm.listener import LCIListener
-
-logger = logging.getLogger("dask_lcicomm.parcelport")
+logger = logging.getLogger(__name__)
 
 SCHEME = "lci://"
+#: How long a closing link waits for the peer's end before it is closed hard.
 LINGER = 10.0
 
 
-def _address(sockaddr: tuple[Any, ...]) -> str:
-    return SCHEME + unparse_host_port(sockaddr[0], sockaddr[1])
+class NotAnLCIPeer(FatalCommClosedError):
+    """The peer answered in another protocol: retrying cannot help."""
+
+
+class Listening:
+    """A listener's registration: the providers accepting for it, and what
+    becomes of the virtual connections its peers open."""
+
+    def __init__(self, accept: Callable[[VirtualConnection], None]) -> None:
+        self.accept = accept
+        self.active = True
+        self.offerings: list[Offering] = []
+        self.offers: dict[str, Any] = {}
+        self.address: tuple[str, int] | None = None
+
+    def close(self) -> None:
+        self.active = False
+        offerings, self.offerings = self.offerings, []
+        for offering in offerings:
+            offering.close()
 
 
 class Parcelport:
     """One per event loop; get it with :meth:`current`."""
 
-    _ports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Parcelport] = (
+    _ports: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Parcelport]] = (
         weakref.WeakKeyDictionary()
     )
 
@@ -90,146 +110,201 @@ class Parcelport:
             nthreads=settings.progress_threads,
             poll_interval=settings.poll_interval,
         )
-        self.identity = {"pid": os.getpid(), "host": socket.gethostname()}
-        self._shard_bytes = parse_bytes(dask.config.get("distributed.comm.shard"))
+        self._identity: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+        self._bootstrap = registry.get(registry.BOOTSTRAP)
+        self._upgrades = self._usable(registry.upgrades(settings))
+        self._offered = self._usable(registry.offered(settings))
+        self._links: set[Link] = set()
         self._channels: dict[str, Channel] = {}
-        self._devices: set[Device] = set()
-        self._listeners: set[LCIListener] = set()
-        self._hellos: dict[Device, asyncio.Future[None]] = {}
-        self._greeted: set[Device] = set()
-        self._accepts: dict[tuple[Device, int], asyncio.Future[None]] = {}
+        self._listenings: set[Listening] = set()
+        self._accepts: dict[tuple[Link, int], asyncio.Future[None]] = {}
         self._unflushed: dict[Device, None] = {}
         self._flush_handle: asyncio.Handle | None = None
-        self._handshakes: set[asyncio.Task[None]] = set()
-        self.shm_layout = Layout(settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
-        self.shm_unavailable = None if "shm" in settings.providers else "not in providers"
-        if self.shm_unavailable is None:
-            self.shm_unavailable = shm.unavailable()
-            if self.shm_unavailable is not None:
-                logger.warning("shared memory is unavailable, using tcp: %s", self.shm_unavailable)
         self.closed = False
 
-    # -- lifetime -----------------------------------------------------------
-
-    def add_listener(self, listener: LCIListener) -> None:
-        self._listeners.add(listener)
-
-    def remove_listener(self, listener: LCIListener) -> None:
-        self._listeners.discard(listener)
-        self._maybe_shut_down()
+    @staticmethod
+    def _usable(providers: list[Provider]) -> list[Provider]:
+        usable = []
+        for provider in providers:
+            reason = provider.unavailable()
+            if reason is None:
+                usable.append(provider)
+            else:
+                logger.warning("lci:// provider %s is unavailable: %s", provider.name, reason)
+        return usable
 
     def _maybe_shut_down(self) -> None:
-        if self._devices or self._listeners or self._channels or self.closed:
+        if self._links or self._listenings or self._channels or self.closed:
             return
         self.closed = True
         if self._ports.get(self.loop) is self:
             del self._ports[self.loop]
-        for task in self._handshakes:
-            task.cancel()
         self.engine.close()
 
-    # -- devices ------------------------------------------------------------
+    def _options(self, accepting: bool) -> DeviceOptions:
+        return DeviceOptions(
+            completion=self.completion,
+            want_write=self.engine.want_write,
+            limits=self.limits,
+            batch_bytes=self.settings.fragment_size,
+            accepting=accepting,
+        )
 
-    @property
-    def prefers_shm(self) -> bool:
-        """Whether a channel should try shared memory before tcp."""
-        providers = self.settings.providers
-        return self.shm_unavailable is None and providers.index("shm") < providers.index("tcp")
+    def _hello(self, offers: dict[str, Any]) -> bytes:
+        identity = self._identity
+        return encode_hello(Greeting(identity["pid"], identity["host"], self.limits, offers).encode())
 
-    def _device_options(self, listener: LCIListener | None) -> dict[str, Any]:
-        return {
-            "completion": self.completion,
-            "want_write": self.engine.want_write,
-            "limits": self.limits,
-            "batch_bytes": self.settings.fragment_size,
-            "accepting": listener is not None,
-            "shard_bytes": self._shard_bytes,
-        }
+    @staticmethod
+    def _connect_timeout() -> float:
+        return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
 
-    def _adopt(
-        self, device: Device, index: int, listener: LCIListener | None, local: str, peer: str
-    ) -> Device:
-        device.index = index
-        device.listener = listener
-        device.local_address = local
-        device.peer_address = peer
-        self._devices.add(device)
+    # -- listening ------------------------------------------------------------
+
+    def listen(
+        self, host: str | None, port: int, accept: Callable[[VirtualConnection], None]
+    ) -> Listening:
+        """Accept peers at ``host:port`` over the bootstrap provider and offer
+        them every other provider this process runs; ``accept`` gets each
+        virtual connection a peer opens. Nothing stays open on failure."""
+        listening = Listening(accept)
+        options = self._options(accepting=True)
+
+        def accepted(device: Device) -> None:
+            self._accepted_device(device, listening)
+
+        try:
+            boot = self._bootstrap.listen(host, port, self.settings, options, accepted)
+            listening.offerings.append(boot)
+            listening.address = boot.address
+            for provider in self._offered:
+                offering = provider.listen(None, 0, self.settings, options, accepted)
+                listening.offerings.append(offering)
+                listening.offers[provider.name] = offering.offer
+        except BaseException:
+            listening.close()
+            self._maybe_shut_down()
+            raise
+        self._listenings.add(listening)
+        return listening
+
+    def stop_listening(self, listening: Listening) -> None:
+        listening.close()
+        self._listenings.discard(listening)
+        self._maybe_shut_down()
+
+    def _accepted_device(self, device: Device, listening: Listening) -> None:
+        link = self._adopt(device, 0, self._hello(listening.offers), listening)
+        # A peer that never greets must not hold a link forever.
+        link.timer = self.loop.call_later(
+            self._connect_timeout(), self._overdue, link
+        )
+
+    def _overdue(self, link: Link) -> None:
+        if link.state is State.GREETING:
+            self._violation(link, "no greeting in time")
+
+    # -- links --------------------------------------------------------------
+
+    def _adopt(self, device: Device, index: int, hello: bytes, acceptor: Listening | None) -> Link:
+        link = Link(device, index, hello, acceptor, self.loop)
+        device.context = link
+        self._links.add(link)
         self.engine.add(device)
-        return device
+        return link
 
-    def _tcp_device(self, sock: socket.socket, index: int, listener: LCIListener | None) -> Device:
-        return self._adopt(
-            TcpDevice(sock, **self._device_options(listener)),
-            index,
-            listener,
-            _address(sock.getsockname()),
-            _address(sock.getpeername()),
+    async def bootstrap(self, host: str, port: int, index: int) -> Link:
+        """A greeted link to the listener at ``host:port`` over the bootstrap provider."""
+        device = await self._bootstrap.connect(
+            PeerOffer(host, port, None, None, None), self.settings, self._options(False)
         )
+        return await self._greeted(device, index)
 
-    def accept(self, sock: socket.socket, listener: LCIListener) -> None:
-        """Adopt a socket accepted by ``listener``; it must greet us first."""
-        try:
-            configure_socket(sock)
-            self._tcp_device(sock, 0, listener)
-        except OSError as e:
-            logger.info("dropping connection accepted by %s: %s", listener.contact_address, e)
-            sock.close()
+    def upgrades(self) -> list[Provider]:
+        return self._upgrades
 
-    def accept_shm(self, sock: socket.socket, listener: LCIListener) -> None:
-        """A peer on this host connected to ``listener``'s shared-memory socket."""
-        task = self.loop.create_task(self._accept_shm(sock, listener))
-        self._handshakes.add(task)
-        task.add_done_callback(self._handshakes.discard)
-
-    async def _accept_shm(self, sock: socket.socket, listener: LCIListener) -> None:
-        try:
-            link = await shm.accept(sock, self.shm_layout, self._connect_timeout())
-        except ShmUnavailable as e:
-            logger.info("refusing shared memory on %s: %s", listener.contact_address, e)
-            sock.close()
-            return
-        except BaseException:
-            sock.close()
-            raise
-        device = ShmDevice(link, **self._device_options(listener))
-        self._adopt(device, 0, listener, link.local_address, link.peer_address)
-
-    async def open_device(self, host: str, port: int, index: int) -> Device:
-        """Connect one tcp device of a channel and exchange greetings."""
-        sock = await open_connection(host, port)
-        return await self._greeted_device(self._tcp_device(sock, index, None))
-
-    async def open_shm_device(self, tcp: Device, index: int) -> Device:
-        """Connect one shm device to the peer that greeted us on ``tcp``;
-        :class:`ShmUnavailable` if shared memory cannot be used with it."""
-        info = tcp.peer_info
-        link = await shm.connect(
-            info["shm"], info.get("pid"), self.shm_layout,
-            tcp.local_address, tcp.peer_address, self._connect_timeout(),
+    async def upgrade(self, provider: Provider, first: Link, index: int) -> Link:
+        """A greeted link over ``provider`` to the peer greeted on ``first``."""
+        peer = first.peer
+        assert peer is not None
+        device = await provider.connect(
+            PeerOffer(
+                "", 0, peer.pid, peer.host, peer.offers[provider.name],
+                first.device.local_address, first.device.peer_address,
+            ),
+            self.settings,
+            self._options(False),
         )
-        device = ShmDevice(link, **self._device_options(None))
-        self._adopt(device, index, None, link.local_address, link.peer_address)
         try:
-            return await self._greeted_device(device)
+            return await self._greeted(device, index)
         except (OSError, asyncio.TimeoutError) as e:
-            raise ShmUnavailable(f"no greeting over shared memory: {e!r}") from e
+            raise ProviderUnavailable(f"no greeting over {provider.name}: {e!r}") from e
 
-    async def _greeted_device(self, device: Device) -> Device:
-        hello = self.loop.create_future()
-        self._hellos[device] = hello
+    async def _greeted(self, device: Device, index: int) -> Link:
+        link = self._adopt(device, index, self._hello({}), None)
         try:
-            self.send(device, 0, Raw(self._hello(device)))
-            await asyncio.wait_for(asyncio.shield(hello), self._connect_timeout())
+            self.send(link, 0, Raw(link.hello))
+            await asyncio.wait_for(link.greeted, self._connect_timeout())
         except BaseException:
-            self._close_device(device)
+            self._close(link)
             raise
-        return device
+        return link
 
-    def _connect_timeout(self) -> float:
-        return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+    def finish(self, link: Link) -> None:
+        """Close ``link`` gracefully: flush, end output, wait for the peer's end."""
+        if link.state not in (State.GREETING, State.OPEN):
+            return
+        link.advance(Step.FINISH)
+        if link.timer is not None:
+            link.timer.cancel()
+        link.timer = self.loop.call_later(LINGER, self._close, link)
+        try:
+            link.device.finish()
+        except OSError:
+            pass
 
-    def send(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
-        """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`.
+    def _close(self, link: Link) -> None:
+        """Close ``link`` now; its loss comes back as a completion, made
+        visible at once: no other progress may come to carry it."""
+        self.engine.remove(link.device)
+        self.completion.flush()
+
+    def forget(self, channel: Channel) -> None:
+        if self._channels.get(channel.key) is channel:
+            del self._channels[channel.key]
+        self._maybe_shut_down()
+
+    def connections(self) -> list[dict[str, Any]]:
+        """What each device connects to and over which provider (diagnostics)."""
+        return [link.describe() for link in self._links if not link.device.lost]
+
+    # -- virtual connections ---------------------------------------------------
+
+    async def connect(self, host: str, port: int) -> VirtualConnection:
+        """Open a virtual connection to the listener at ``host:port``."""
+        key = unparse_host_port(host, port)
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = Channel(self, key, self.settings.ndevices)
+            channel.start(host, port)
+        link, vc = await channel.allocate()
+        vconn = VirtualConnection(self, link, vc)
+        link.vcs[vc] = vconn
+        accepted = self._accepts[link, vc] = self.loop.create_future()
+        try:
+            self.send(link, vc, Raw(encode_connect(vc)))
+            await accepted
+        except DeviceClosed as e:
+            vconn.abort()
+            raise CommClosedError(f"channel to {SCHEME}{key} closed: {e}") from e
+        except BaseException:
+            vconn.abort()
+            raise
+        finally:
+            self._accepts.pop((link, vc), None)
+        return vconn
+
+    def send(self, link: Link, vc: int, unit: Unit, token: Any = None) -> None:
+        """Queue ``unit`` on ``link``'s device; raises :class:`DeviceClosed`.
 
         Without aggregation the parcel leaves at once (as far as the device
         is not busy). With it, the first send of an event-loop iteration
@@ -237,6 +312,7 @@ class Parcelport:
         iteration, by any comm, leaves together when the iteration is over;
         a backlog of ``fragment-size`` bytes is flushed at once.
         """
+        device = link.device
         if device.put(vc, unit, token) or not self.settings.aggregation:
             self._flush_device(device)
         elif self._flush_handle is None:
@@ -256,75 +332,10 @@ class Parcelport:
             device.flush()
         self.completion.flush()
 
-    def _hello(self, device: Device) -> bytes:
-        """Who we are; a listener on this host also offers its shared memory."""
-        identity = self.identity
-        name = getattr(device.listener, "shm_name", None)
-        if name is not None:
-            identity = {**identity, "shm": name}
-        return encode_hello(json.dumps(identity).encode())
-
-    def _close_device(self, device: Device) -> None:
-        self.engine.remove(device)
-
-    def finish_device(self, device: Device) -> None:
-        """Close ``device`` gracefully: flush, end output, wait for the peer's end."""
-        try:
-            device.finish()
-        except OSError:
-            pass
-        self.loop.call_later(LINGER, self._close_device, device)
-
-    def connections(self) -> list[dict[str, Any]]:
-        """What each device connects to and over which provider (diagnostics)."""
-        return [
-            {
-                "provider": device.provider,
-                "local_address": device.local_address,
-                "peer_address": device.peer_address,
-                "peer_pid": device.peer_info.get("pid"),
-                "peer_host": device.peer_info.get("host"),
-                "comms": len(device.vcs),
-            }
-            for device in self._devices
-            if not device.lost
-        ]
-
-    # -- channels and virtual connections ---------------------------------
-
-    async def connect(self, host: str, port: int, deserialize: bool) -> LCIComm:
-        """Open a virtual connection to the listener at ``host:port``."""
-        key = unparse_host_port(host, port)
-        channel = self._channels.get(key)
-        if channel is None:
-            channel = self._channels[key] = Channel(self, key)
-            channel.start(host, port)
-        device, vc = await channel.allocate()
-        comm = LCIComm(self, device, vc, device.local_address, device.peer_address, deserialize)
-        device.vcs[vc] = comm
-        accepted = self._accepts[device, vc] = self.loop.create_future()
-        try:
-            self.send(device, vc, Raw(encode_connect(vc)))
-            await accepted
-        except DeviceClosed as e:
-            comm.abort()
-            raise CommClosedError(f"channel to {SCHEME}{key} closed: {e}") from e
-        except BaseException:
-            comm.abort()
-            raise
-        finally:
-            self._accepts.pop((device, vc), None)
-        return comm
-
-    def forget_channel(self, channel: Channel) -> None:
-        if self._channels.get(channel.key) is channel:
-            del self._channels[channel.key]
-        self._maybe_shut_down()
-
-    def vc_closed(self, device: Device, vc: int) -> None:
+    def release(self, link: Link, vc: int) -> None:
         """The local side of ``vc`` closed: free the id, maybe the channel."""
-        if device.vcs.pop(vc, None) is not None and device.channel is not None:
-            device.channel.maybe_close()
+        if link.vcs.pop(vc, None) is not None and link.owner is not None:
+            link.owner.link_idle(link)
 
     # -- completions ----------------------------------------------------------
 
@@ -336,124 +347,142 @@ class Parcelport:
         """
         for device, event in batch:
             try:
-                self._dispatch(device, event)
+                self._dispatch(device.context, event)
             except Exception:
                 logger.exception(
                     "failed to handle %s from %s", type(event).__name__, device.peer_address
                 )
 
-    def _dispatch(self, device: Device, event: Any) -> None:
+    def _dispatch(self, link: Link, event: Any) -> None:
         kind = type(event)
         if kind is Message:
-            comm = device.vcs.get(event.vc)
-            if comm is not None:
-                comm._deliver(event.frames)
+            receiver = link.vcs.get(event.vc)
+            if receiver is not None:
+                receiver.deliver(event.frames)
+            elif not link.accepts(event):
+                self._violation(link, f"parcel in state {link.state.value}")
         elif kind is SendDone:
             if not event.token.done():
                 event.token.set_result(None)
         elif kind is DeviceLost:
-            self._lost(device, event)
-        elif device not in self._greeted:
-            if kind is Hello:
-                self._greet(device, event.payload)
-            else:
-                self._violation(device, f"{kind.__name__} before HELLO")
+            self._lost(link, event)
+        elif not link.accepts(event):
+            self._violation(link, f"{kind.__name__} in state {link.state.value}")
+        elif kind is Hello:
+            self._greet(link, event.payload)
         elif kind is Connect:
-            if device.listener is None:
-                self._accepted(device, event.vc)
+            if link.acceptor is None:
+                self._connected(link, event.vc)
             else:
-                self._open_vc(device, event.vc)
+                self._open_vc(link, event.vc)
         elif kind is Close:
-            comm = device.vcs.get(event.vc)
-            if comm is not None:
-                self._refused(device, event.vc)
-                comm._closed_by_peer("closed by peer")
-        else:
-            self._violation(device, "second HELLO")
+            receiver = link.vcs.get(event.vc)
+            if receiver is not None:
+                self._refused(link, event.vc)
+                receiver.peer_closed("closed by peer")
 
-    def _greet(self, device: Device, payload: bytes) -> None:
+    def _greet(self, link: Link, payload: bytes) -> None:
         try:
-            info = json.loads(payload)
-            if not isinstance(info, dict):
-                raise ValueError("not an object")
+            link.peer = Greeting.decode(payload)
         except ValueError as e:
-            self._violation(device, f"malformed HELLO: {e}")
+            self._violation(link, f"malformed HELLO: {e}")
             return
-        self._greeted.add(device)
-        device.peer_info = {key: info.get(key) for key in ("pid", "host")}
-        if isinstance(info.get("shm"), str) and len(info["shm"]) <= 100:
-            device.peer_info["shm"] = info["shm"]
-        hello = self._hellos.pop(device, None)
-        if hello is not None:
-            if not hello.done():
-                hello.set_result(None)
-            return
-        try:
-            self.send(device, 0, Raw(self._hello(device)))
-        except DeviceClosed:
-            pass
+        link.advance(Step.GREETED)
+        if link.timer is not None:
+            link.timer.cancel()
+            link.timer = None
+        if link.acceptor is not None:
+            try:
+                self.send(link, 0, Raw(link.hello))
+            except DeviceClosed:
+                return
+        if not link.greeted.done():
+            link.greeted.set_result(None)
 
-    def _accepted(self, device: Device, vc: int) -> None:
-        accepted = self._accepts.get((device, vc))
+    def _connected(self, link: Link, vc: int) -> None:
+        accepted = self._accepts.get((link, vc))
         if accepted is None:
-            self._violation(device, f"unexpected CONNECT for vc {vc}")
+            self._violation(link, f"unexpected CONNECT for vc {vc}")
         elif not accepted.done():
             accepted.set_result(None)
 
-    def _refused(self, device: Device, vc: int) -> None:
-        accepted = self._accepts.get((device, vc))
+    def _refused(self, link: Link, vc: int) -> None:
+        accepted = self._accepts.get((link, vc))
         if accepted is not None and not accepted.done():
             accepted.set_exception(
-                ConnectionRefusedError(f"{device.peer_address} refused a new comm: listener stopped")
+                ConnectionRefusedError(f"{link.device.peer_address} refused a new comm: listener stopped")
             )
-            if device.channel is not None:
-                device.channel.retire()
+            if link.owner is not None:
+                link.owner.retire()
 
-    def _open_vc(self, device: Device, vc: int) -> None:
+    def _open_vc(self, link: Link, vc: int) -> None:
         """The peer opens ``vc``: accept it if our listener still listens."""
-        listener = device.listener
-        reply = encode_connect(vc) if listener in self._listeners else encode_close(vc)
+        listening = link.acceptor
+        assert isinstance(listening, Listening)
+        if not (listening.active and link.open):
+            logger.debug("refused vc %d from %s: listener stopped", vc, link.device.peer_address)
+            try:
+                self.send(link, vc, Raw(encode_close(vc)))
+            except DeviceClosed:
+                pass
+            return
         try:
-            self.send(device, vc, Raw(reply))
+            self.send(link, vc, Raw(encode_connect(vc)))
         except DeviceClosed:
             return
-        if listener not in self._listeners:
-            logger.debug("refused vc %d from %s: listener stopped", vc, device.peer_address)
-            return
-        comm = LCIComm(
-            self, device, vc, device.local_address, device.peer_address, listener.deserialize
-        )
-        comm.allow_offload = listener.allow_offload
-        device.vcs[vc] = comm
-        listener.handle(comm)
+        vconn = VirtualConnection(self, link, vc)
+        link.vcs[vc] = vconn
+        listening.accept(vconn)
 
-    def _violation(self, device: Device, reason: str) -> None:
+    def _violation(self, link: Link, reason: str) -> None:
+        """The peer broke the protocol: this link goes, nothing else."""
+        if link.state is State.LOST:
+            return
+        device = link.device
         logger.warning(
             "closing lci connection %s <-> %s: %s", device.local_address, device.peer_address, reason
         )
-        self._close_device(device)
+        self._lose(link, reason, violation=True)
+        self._close(link)
 
-    def _lost(self, device: Device, event: DeviceLost) -> None:
-        self._close_device(device)
-        self._devices.discard(device)
-        self._greeted.discard(device)
-        hello = self._hellos.pop(device, None)
-        if hello is not None and not hello.done():
-            hello.set_exception(ConnectionResetError(f"connection lost during greeting: {event.reason}"))
-        error = CommClosedError(f"lci connection to {device.peer_address} lost: {event.reason}")
+    def _lost(self, link: Link, event: DeviceLost) -> None:
+        """The device is released: fail what it will never send, forget it."""
+        error = CommClosedError(f"lci connection to {link.device.peer_address} lost: {event.reason}")
         for token in event.tokens:
             if not token.done():
                 token.set_exception(error)
-        comms = list(device.vcs.items())
-        device.vcs.clear()
-        for vc, comm in comms:
-            accepted = self._accepts.get((device, vc))
-            if accepted is not None and not accepted.done():
-                accepted.set_exception(ConnectionResetError(str(error)))
-            comm._closed_by_peer(str(error))
-        if device.channel is not None:
-            device.channel.device_lost()
+        self._lose(link, event.reason, event.violation)
+        self._close(link)
+        self._links.discard(link)
         self._maybe_shut_down()
+
+    def _lose(self, link: Link, reason: str, violation: bool) -> None:
+        """Everything that rides on ``link`` learns that it is gone (once)."""
+        if link.state is State.LOST:
+            return
+        greeting = link.state is State.GREETING
+        link.advance(Step.LOSE)
+        if link.timer is not None:
+            link.timer.cancel()
+            link.timer = None
+        peer = link.device.peer_address
+        if not link.greeted.done():
+            if greeting and violation:
+                link.greeted.set_exception(NotAnLCIPeer(f"{peer} is not an lci:// listener: {reason}"))
+            else:
+                link.greeted.set_exception(
+                    ConnectionResetError(f"connection to {peer} lost during greeting: {reason}")
+                )
+        error = f"lci connection to {peer} lost: {reason}"
+        receivers = list(link.vcs.items())
+        link.vcs.clear()
+        for vc, receiver in receivers:
+            accepted = self._accepts.get((link, vc))
+            if accepted is not None and not accepted.done():
+                accepted.set_exception(ConnectionResetError(error))
+            receiver.peer_closed(error)
+        if link.owner is not None:
+            link.owner.link_lost(link)
 
 
 async def connections() -> list[dict[str, Any]]:

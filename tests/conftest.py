@@ -14,6 +14,7 @@ from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import shm_segment
 from dask_lcicomm.providers._atomics import Region
+from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice, ShmLink
 from dask_lcicomm.providers.tcp import TcpDevice
 
@@ -28,16 +29,16 @@ class Endpoint:
             completion, loop, self._handle, threadsafe=mode == "thread"
         )
         self.engine = ProgressEngine(loop, mode, self.completion, poll_interval=0.001)
-        kwargs = {"limits": Limits(), "batch_bytes": 1 << 20}
-        kwargs.update(device_kwargs)
-        device_class = ShmDevice if isinstance(transport, ShmLink) else TcpDevice
-        self.device = device_class(
-            transport,
+        options = DeviceOptions(
             completion=self.completion,
             want_write=self.engine.want_write,
+            limits=device_kwargs.pop("limits", Limits()),
+            batch_bytes=device_kwargs.pop("batch_bytes", 1 << 20),
             accepting=accepting,
-            **kwargs,
         )
+        assert not device_kwargs, f"unknown device options {device_kwargs}"
+        device_class = ShmDevice if isinstance(transport, ShmLink) else TcpDevice
+        self.device = device_class(transport, options)
         self.engine.add(self.device)
 
     def send(self, vc, unit, token=None):

@@ -62,7 +62,7 @@ async def test_a_refused_peer_falls_back_to_tcp_with_a_logged_reason(monkeypatch
         listener, near, far = await _pair()
     try:
         assert near.extra_info["provider"] == far.extra_info["provider"] == "tcp"
-        assert "stays on tcp" in caplog.text and "runs as uid" in caplog.text
+        assert "does not use shm" in caplog.text and "runs as uid" in caplog.text
         await far.write("still works")
         assert await near.read() == "still works"
     finally:

@@ -10,7 +10,6 @@ from distributed.comm import connect, listen
 from distributed.utils_test import gen_test
 
 
-
 async def _count_sends(aggregation: bool, nmessages: int, provider: str) -> int:
     sends = 0
 
@@ -33,7 +32,7 @@ async def _count_sends(aggregation: bool, nmessages: int, provider: str) -> int:
         async with listen("lci://127.0.0.1:0", sink) as listener:
             comm = await connect(listener.contact_address)
             assert comm.extra_info["provider"] == provider
-            device_class = type(comm._device)
+            device_class = type(comm._vconn._link.device)
             transmit = device_class._transmit
             device_class._transmit = counting
             try:

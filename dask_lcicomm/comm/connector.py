@@ -17,4 +17,5 @@ class LCIConnector(Connector):
         """Open a virtual connection; ``OSError`` when the peer is unreachable."""
         check_encryption(address, connection_args)
         host, port = parse_host_port(address)
-        return await Parcelport.current().connect(host, port, deserialize)
+        vconn = await Parcelport.current().connect(host, port)
+        return LCIComm(vconn, deserialize)

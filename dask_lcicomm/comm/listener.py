@@ -1,32 +1,29 @@
-"""LCIListener: accepts lci:// connections on a TCP port."""
+"""LCIListener: accepts lci:// comms."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any
 
-import dask.config
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import BaseListener, CommClosedError
 from distributed.comm.utils import ensure_concrete_host
 
 from dask_lcicomm.comm.comm import LCIComm
 from dask_lcicomm.comm.security import check_encryption
-from dask_lcicomm.parcelport import SCHEME, Parcelport
-from dask_lcicomm.providers import shm
+from dask_lcicomm.parcelport import SCHEME, Listening, Parcelport
+from dask_lcicomm.vconn import VirtualConnection
 
-logger = logging.getLogger("dask_lcicomm.comm")
+logger = logging.getLogger(__name__)
 
 
 class LCIListener(BaseListener):
-    """Listens on a TCP port; each accepted socket becomes a device of the parcelport.
-
-    Comms reach the handler as virtual connections opened over those devices.
-    """
+    """Registers with the parcelport, which accepts peers on a TCP port and
+    offers them its other providers; comms reach the handler as the virtual
+    connections peers open."""
 
     prefix = SCHEME
 
@@ -47,70 +44,29 @@ class LCIListener(BaseListener):
         self.comm_handler = comm_handler
         self.deserialize = deserialize
         self.allow_offload = allow_offload
-        self._sock: socket.socket | None = None
         self._parcelport: Parcelport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listening: Listening | None = None
         self._bound: tuple[str, int] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._shm_sock: socket.socket | None = None
-        self.shm_name: str | None = None
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._parcelport = Parcelport.current()
-        self._sock = _bind(self.ip, self.port)
-        self._bound = self._sock.getsockname()[:2]
-        self._parcelport.add_listener(self)
-        self._loop.add_reader(self._sock.fileno(), self._accept)
-        if self._parcelport.shm_unavailable is None:
-            self._shm_sock, self.shm_name = shm.listen(_backlog())
-            self._loop.add_reader(self._shm_sock.fileno(), self._accept_shm)
+        self._listening = self._parcelport.listen(self.ip or None, self.port, self._accept)
+        self._bound = self._listening.address
 
-    def _accept(self) -> None:
-        if self._parcelport is not None:
-            self._accept_from(self._sock, self._parcelport.accept)
-
-    def _accept_shm(self) -> None:
-        if self._parcelport is not None:
-            self._accept_from(self._shm_sock, self._parcelport.accept_shm)
-
-    def _accept_from(
-        self, sock: socket.socket | None, adopt: Callable[[socket.socket, LCIListener], None]
-    ) -> None:
-        if sock is None:
-            return
-        for _ in range(64):
-            try:
-                conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                logger.warning("accept on %s failed: %s", self.contact_address, e)
-                return
-            conn.setblocking(False)
-            adopt(conn, self)
-
-    def stop(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        assert self._loop is not None and self._parcelport is not None
-        self._loop.remove_reader(sock.fileno())
-        sock.close()
-        shm_sock, self._shm_sock = self._shm_sock, None
-        if shm_sock is not None:
-            self._loop.remove_reader(shm_sock.fileno())
-            shm_sock.close()
-        self._parcelport.remove_listener(self)
-
-    def handle(self, comm: LCIComm) -> None:
-        """Run the Dask handshake and the handler for a new virtual connection."""
-        assert self._loop is not None
-        task = self._loop.create_task(self._handle(comm))
+    def _accept(self, vconn: VirtualConnection) -> None:
+        comm = LCIComm(vconn, self.deserialize)
+        comm.allow_offload = self.allow_offload
+        task = asyncio.get_running_loop().create_task(self._handle(comm))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, comm: LCIComm) -> None:
+        if self._listening is None:
+            # Stopped after the peer opened this comm but before we got to it:
+            # as tcp:// closes such a stream, the handler never sees it.
+            comm.abort()
+            return
         try:
             await self.on_connection(comm)
         except CommClosedError:
@@ -119,6 +75,14 @@ class LCIListener(BaseListener):
         result = self.comm_handler(comm)
         if inspect.isawaitable(result):
             await result
+
+    def stop(self) -> None:
+        """Stop accepting; comms already handed over carry on (Dask's
+        ``abort_handshaking_comms`` is there for those still in the handshake)."""
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            assert self._parcelport is not None
+            self._parcelport.stop_listening(listening)
 
     def get_host_port(self) -> tuple[str, int]:
         if self._bound is None:
@@ -134,25 +98,3 @@ class LCIListener(BaseListener):
         host, port = self.get_host_port()
         host = ensure_concrete_host(host, default_host=self.default_host)
         return self.prefix + unparse_host_port(host, port)
-
-
-def _backlog() -> int:
-    return int(dask.config.get("distributed.comm.socket-backlog"))
-
-
-def _bind(ip: str | None, port: int) -> socket.socket:
-    infos = socket.getaddrinfo(
-        ip or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
-    infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    family, type_, proto, _, address = infos[0]
-    sock = socket.socket(family, type_, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(_backlog())
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock

@@ -34,7 +34,7 @@ from typing import Any
 from dask_lcicomm.progress.completion import Completion
 from dask_lcicomm.providers.base import Device
 
-logger = logging.getLogger("dask_lcicomm.progress")
+logger = logging.getLogger(__name__)
 
 _thread_ids = count()
 
@@ -76,7 +76,7 @@ class ProgressEngine:
         self._driver.remove(device)
 
     def close(self) -> None:
-        """Stop progress; dedicated threads exit and are joined."""
+        """Stop progress; dedicated threads exit by themselves."""
         self._driver.close()
 
 
@@ -241,6 +241,8 @@ class _ProgressThread:
             return True
 
     def stop(self) -> None:
+        """Tell the thread to exit; not joined: this runs on the event loop,
+        and a thread releasing its last devices must not stall it."""
         with self._lock:
             self._closed = True
             run, self._run = self._run, None
@@ -248,8 +250,6 @@ class _ProgressThread:
                 return
             run.commands.append((_Run.stop, ()))
             run.wake()
-        if run.thread is not threading.current_thread():
-            run.thread.join(timeout=5)
 
 
 class _Run:

@@ -1,19 +1,17 @@
 """The device: one endpoint of a network channel, as a progress engine sees it.
 
 A device moves parcels between two parcelports. Its verbs are ``put``, which
-queues a parcel for a virtual connection, and ``flush``, which sends what is
-queued on the calling thread as far as the fabric takes it without waiting;
-what cannot be sent now is left to progress. On the receiving side progress
-writes bytes where the parcel decoder says they belong and reports every
-arrival to the completion object; nothing is ever received because someone
-asked for it (LCI's one-sided model).
+queues a parcel for a virtual connection (see :mod:`.send_queue`), and
+``flush``, which sends what is queued on the calling thread as far as the
+fabric takes it without waiting; what cannot be sent now is left to
+progress. On the receiving side progress writes bytes where the parcel
+decoder says they belong and reports every arrival to the completion sink;
+nothing is ever received because someone asked for it (LCI's one-sided
+model).
 
-Sending interleaves the *units* of parcels (see :mod:`dask_lcicomm.parcel`)
-of different virtual connections round-robin, one unit at a time, so a large
-frame never holds small parcels of other comms behind it for its whole
-length. Units that queued while the device was busy leave together, up to
-``batch_bytes`` per system call (HPX's aggregation of parcels on a busy
-connection).
+A device knows nothing of comms, listeners or channels: whoever owns it may
+hang an opaque :attr:`Device.context` on it (LCI's ``user_context``), and
+every completion names the device it came from.
 
 A provider implements the transport primitives: :meth:`Device.fileno`,
 :meth:`Device._transmit`, :meth:`Device._receive_into`,
@@ -26,6 +24,7 @@ with input left reports ``input_pending`` so that progress comes back to it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -33,45 +32,18 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from dask_lcicomm.parcel import Limits, ParcelDecoder, Placement, ProtocolError
+from dask_lcicomm.providers.send_queue import SendQueue, Unit
 
-if TYPE_CHECKING:
-    from dask_lcicomm.progress.completion import Completion
-
-logger = logging.getLogger("dask_lcicomm.providers")
-
-IOV_MAX = 1024
+logger = logging.getLogger(__name__)
 
 
-class Unit(Protocol):
-    """Something to send in units: :class:`~dask_lcicomm.parcel.OutgoingParcel` or raw bytes."""
+class CompletionSink(Protocol):
+    """Where a device reports completions: ``(device, event)`` pairs."""
 
-    nbytes: int
-
-    @property
-    def done(self) -> bool: ...
-
-    def next_unit(self) -> list[Any]: ...
-
-
-class Raw:
-    """A control message that goes out as one unit."""
-
-    __slots__ = ("_data", "nbytes")
-
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-        self.nbytes = len(data)
-
-    @property
-    def done(self) -> bool:
-        return self._data is None
-
-    def next_unit(self) -> list[Any]:
-        data, self._data = self._data, None
-        return [data]
+    def push(self, item: Any) -> None: ...
 
 
 @dataclass(slots=True)
@@ -87,10 +59,27 @@ class DeviceLost:
 
     reason: str
     tokens: list[Any]
+    #: The peer broke the protocol (it may not speak it at all).
+    violation: bool = False
 
 
 class DeviceClosed(ConnectionError):
     """A put on a device that is gone."""
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """What every device gets from its owner, whatever the provider."""
+
+    completion: CompletionSink
+    #: Called when output could not be sent at once (progress takes over).
+    want_write: Callable[[Device], None]
+    #: What the peer may make us allocate.
+    limits: Limits
+    #: Most bytes taken from the send queue per transmission.
+    batch_bytes: int
+    #: The accepting side: parcels only on virtual connections the peer opened.
+    accepting: bool
 
 
 def shut_socket(sock: socket.socket, both: bool) -> None:
@@ -101,6 +90,41 @@ def shut_socket(sock: socket.socket, both: bool) -> None:
         pass
 
 
+def accept_ready(
+    sock: socket.socket, adopt: Callable[[socket.socket], None], where: str
+) -> None:
+    """Accept the connections waiting on ``sock`` (a bounded batch)."""
+    for _ in range(64):
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            logger.warning("accept on %s failed: %s", where, e)
+            return
+        conn.setblocking(False)
+        adopt(conn)
+
+
+def watch_accepts(
+    sock: socket.socket, adopt: Callable[[socket.socket], None], where: str
+) -> Callable[[], None]:
+    """Accept on the listening ``sock`` from the running event loop; the
+    returned function stops and closes it (as does a failure to start)."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_reader(sock.fileno(), accept_ready, sock, adopt, where)
+    except BaseException:
+        sock.close()
+        raise
+
+    def close() -> None:
+        loop.remove_reader(sock.fileno())
+        sock.close()
+
+    return close
+
+
 class Device(ABC):
     """One endpoint of a channel between two parcelports."""
 
@@ -109,39 +133,29 @@ class Device(ABC):
 
     def __init__(
         self,
-        completion: Completion,
-        want_write: Callable[[Device], None],
-        limits: Limits,
-        batch_bytes: int,
-        accepting: bool,
-        shard_bytes: int | None = None,
+        options: DeviceOptions,
+        local_address: str,
+        peer_address: str,
         placement: Placement | None = None,
     ) -> None:
-        self.completion = completion
-        self._want_write = want_write
+        self.completion = options.completion
+        self._want_write = options.want_write
         self._decoder = ParcelDecoder(
-            limits, require_connect=accepting, shard_bytes=shard_bytes, placement=placement
+            options.limits, require_connect=options.accepting, placement=placement
         )
-        self._batch_bytes = batch_bytes
+        self._queue = SendQueue(options.batch_bytes)
+        # Serialises the send side and the transport's release: a flush on
+        # one thread never sends on a transport another thread closed.
         self._lock = threading.Lock()
-        self._streams: dict[int, deque[tuple[Unit, Any]]] = {}
-        self._ready: deque[int] = deque()
-        self._out: deque[Any] = deque()
-        self._marks: deque[tuple[int, int, Any]] = deque()
-        self._taken = 0
-        self._sent = 0
         self._writing = False
         self._finishing = False
         self._lost: str | None = None
+        self._send_failure: tuple[str, list[Any]] | None = None
         self.released = False
-        self.queued_bytes = 0
-        self.index = 0
-        self.local_address = ""
-        self.peer_address = ""
-        self.peer_info: dict[str, Any] = {}
-        self.vcs: dict[int, Any] = {}
-        self.listener: Any = None
-        self.channel: Any = None
+        self.local_address = local_address
+        self.peer_address = peer_address
+        #: The owner's record of this device; never touched here.
+        self.context: Any = None
 
     @abstractmethod
     def fileno(self) -> int:
@@ -168,6 +182,11 @@ class Device(ABC):
         return self._lost is not None
 
     @property
+    def queued_bytes(self) -> int:
+        """Bytes put and not yet handed to the fabric."""
+        return self._queue.queued_bytes
+
+    @property
     def input_pending(self) -> bool:
         """Whether :meth:`on_readable` left input that no readiness event will announce."""
         return False
@@ -183,13 +202,7 @@ class Device(ABC):
         with self._lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
-            stream = self._streams.get(vc)
-            if stream is None:
-                self._streams[vc] = stream = deque()
-                self._ready.append(vc)
-            stream.append((unit, token))
-            self.queued_bytes += unit.nbytes
-            return self.queued_bytes >= self._batch_bytes
+            return self._queue.push(vc, unit, token)
 
     def flush(self) -> bool:
         """Send what is queued, on the calling thread, as far as the fabric
@@ -199,6 +212,7 @@ class Device(ABC):
                 return False
             done = self._send()
             self._writing = not done
+        self._report_send_failure()
         if not done:
             self._want_write(self)
         return done
@@ -228,8 +242,9 @@ class Device(ABC):
                 return True
             done = self._send()
             self._writing = not done
-            if done and self._finishing:
+            if done and self._finishing and self._lost is None:
                 self._shutdown(both=False)
+        self._report_send_failure()
         return done
 
     def on_readable(self) -> bool:
@@ -250,100 +265,74 @@ class Device(ABC):
         except (BlockingIOError, InterruptedError):
             pass
         except ProtocolError as e:
-            return self._fail(f"protocol error: {e}", logging.WARNING)
+            return self._fail(f"protocol error: {e}", logging.WARNING, violation=True)
         except OSError as e:
             return self._fail(f"{type(e).__name__}: {e}", logging.INFO)
         return True
 
     def release(self) -> None:
         """Called by the progress engine once the device is unregistered."""
-        if self._lost is None:
-            self._fail("closed", logging.DEBUG)
-        self.released = True
-        self._close_transport()
-
-    def _fail(self, reason: str, level: int) -> bool:
+        self._fail("closed", logging.DEBUG)
         with self._lock:
-            if self._lost is not None:
-                return False
-            self._lost = reason
-            tokens = [token for _, _, token in self._marks if token is not None]
-            for stream in self._streams.values():
-                tokens.extend(token for _, token in stream if token is not None)
-            self._streams.clear()
-            self._ready.clear()
-            self._out.clear()
-            self._marks.clear()
-        logger.log(level, "%s device %s <-> %s lost: %s", self.provider,
-                   self.local_address, self.peer_address, reason)
-        self.completion.push((self, DeviceLost(reason, tokens)))
+            if self.released:
+                return
+            self.released = True
+            self._close_transport()
+
+    def _fail(self, reason: str, level: int, violation: bool = False) -> bool:
+        with self._lock:
+            lost = self._lose(reason)
+        if lost is not None:
+            self._report_loss(reason, lost, level, violation)
         return False
 
+    def _lose(self, reason: str) -> list[Any] | None:
+        """Mark the device lost (under the lock); the tokens that will never
+        complete, or None if it was lost already."""
+        if self._lost is not None:
+            return None
+        self._lost = reason
+        return self._queue.clear()
+
+    def _report_loss(
+        self, reason: str, tokens: list[Any], level: int, violation: bool = False
+    ) -> None:
+        logger.log(
+            level, "%s device %s <-> %s lost: %s",
+            self.provider, self.local_address, self.peer_address, reason,
+        )
+        self.completion.push((self, DeviceLost(reason, tokens, violation)))
+
+    def _report_send_failure(self) -> None:
+        """Report a loss found while sending, outside the lock: a synchronous
+        completion sink handles it at once and may call back into us."""
+        failure, self._send_failure = self._send_failure, None
+        if failure is not None:
+            self._report_loss(*failure, logging.INFO)
+
     def _send(self) -> bool:
-        out = self._out
+        """Send under the lock; True when nothing is left (or the device died)."""
+        queue = self._queue
+        out = queue.out
+        push = self.completion.push
         while True:
-            if not out and not self._fill():
+            if not out and not queue.fill():
                 return True
             try:
                 n = self._transmit(out)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as e:
-                self._lost_on_send(e)
+                # The peer may be gone before our receive side noticed: every
+                # queued send fails now, its writer with it, and the transport
+                # is shut so that reading sees the end too.
+                reason = f"send failed: {type(e).__name__}: {e}"
+                tokens = self._lose(reason)
+                self._shutdown(both=True)
+                if tokens is not None:
+                    self._send_failure = (reason, tokens)
                 return True
-            self._consume(n)
+            for token in queue.consume(n):
+                push((self, SendDone(token)))
             if out:
                 return False
-
-    def _lost_on_send(self, error: OSError) -> None:
-        logger.debug("send on %s failed: %s", self.peer_address, error)
-        self._streams.clear()
-        self._ready.clear()
-        self._out.clear()
-        self._shutdown(both=True)
-
-    def _fill(self) -> bool:
-        streams, ready, out = self._streams, self._ready, self._out
-        budget = self._batch_bytes
-        taken = self._taken
-        while ready:
-            vc = ready[0]
-            stream = streams[vc]
-            unit, token = stream[0]
-            for buffer in unit.next_unit():
-                out.append(buffer)
-                taken += len(buffer)
-            if unit.done:
-                stream.popleft()
-                self._marks.append((taken, unit.nbytes, token))
-                if not stream:
-                    del streams[vc]
-                    ready.popleft()
-                else:
-                    ready.rotate(-1)
-            else:
-                ready.rotate(-1)
-            if taken - self._taken >= budget or len(out) >= IOV_MAX:
-                break
-        self._taken = taken
-        return bool(out)
-
-    def _consume(self, n: int) -> None:
-        self._sent += n
-        out = self._out
-        while n:
-            head = out[0]
-            size = len(head)
-            if n >= size:
-                out.popleft()
-                n -= size
-            else:
-                out[0] = memoryview(head)[n:]
-                n = 0
-        marks = self._marks
-        sent = self._sent
-        while marks and marks[0][0] <= sent:
-            _, nbytes, token = marks.popleft()
-            self.queued_bytes -= nbytes
-            if token is not None:
-                self.completion.push((self, SendDone(token)))

@@ -28,38 +28,32 @@ import socket
 import struct
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import dask.config
+from dask.utils import parse_timedelta
+
+from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import Device, Unit, shut_socket
+from dask_lcicomm.providers._atomics import Region
+from dask_lcicomm.providers.base import Device, DeviceOptions, shut_socket, watch_accepts
+from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
+from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
 from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create
 
-try:
-    from dask_lcicomm.providers._atomics import Region
-except ImportError as e:  # the C helper was not built
-    Region = None
-    _IMPORT_ERROR: str | None = f"the C helper is missing ({e})"
-else:
-    _IMPORT_ERROR = None
-
-logger = logging.getLogger("dask_lcicomm.providers.shm")
+logger = logging.getLogger(__name__)
 
 _SETUP_BYTES = 4096
 _MAX_ADDRESS = 512
 _DOORBELL = b"\1"
 
 
-class ShmUnavailable(ConnectionError):
-    """Shared memory cannot be used with this peer; the reason says why."""
-
-
 def unavailable() -> str | None:
     """Why this process cannot use the provider at all, or None."""
-    if _IMPORT_ERROR is not None:
-        return _IMPORT_ERROR
     if not hasattr(os, "memfd_create") or not hasattr(socket, "SO_PEERCRED"):
         return "memfd_create and SO_PEERCRED need Linux"
     return None
@@ -104,7 +98,7 @@ async def connect(
         )
     except (OSError, ValueError, asyncio.TimeoutError) as e:
         sock.close()
-        raise ShmUnavailable(f"{type(e).__name__}: {e}") from e
+        raise ProviderUnavailable(f"{type(e).__name__}: {e}") from e
     except BaseException:
         sock.close()
         raise
@@ -116,11 +110,11 @@ async def _connect(
     await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
     pid = _check_peer(sock)
     if pid != peer_pid:
-        raise ShmUnavailable(
+        raise ProviderUnavailable(
             f"the shared-memory socket belongs to pid {pid}, the greeting came from {peer_pid}"
         )
     rx = _grant(sock, layout, {"local": local, "peer": peer})
-    info, tx, tx_layout = await _receive_grant(sock)
+    _, tx, tx_layout = await _receive_grant(sock)
     return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
 
 
@@ -129,25 +123,29 @@ async def accept(sock: socket.socket, layout: Layout, timeout: float) -> ShmLink
     try:
         return await asyncio.wait_for(_accept(sock, layout), timeout)
     except (OSError, ValueError, asyncio.TimeoutError) as e:
-        raise ShmUnavailable(f"{type(e).__name__}: {e}") from e
+        raise ProviderUnavailable(f"{type(e).__name__}: {e}") from e
 
 
 async def _accept(sock: socket.socket, layout: Layout) -> ShmLink:
     _check_peer(sock)
     info, tx, tx_layout = await _receive_grant(sock)
-    local, peer = info.get("peer"), info.get("local")
-    for address in (local, peer):
-        if not (isinstance(address, str) and address.startswith("lci://") and len(address) <= _MAX_ADDRESS):
-            raise SegmentError(f"malformed address in segment grant: {address!r}")
+    local, peer = _address(info.get("peer")), _address(info.get("local"))
     rx = _grant(sock, layout, {})
     return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
+
+
+def _address(address: object) -> str:
+    """An lci:// address from a peer's grant, checked."""
+    if not (isinstance(address, str) and address.startswith("lci://") and len(address) <= _MAX_ADDRESS):
+        raise SegmentError(f"malformed address in segment grant: {address!r}")
+    return address
 
 
 def _check_peer(sock: socket.socket) -> int:
     """The peer's pid, if it runs as our user."""
     pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     if uid != os.getuid():
-        raise ShmUnavailable(f"peer pid {pid} runs as uid {uid}, not {os.getuid()}")
+        raise ProviderUnavailable(f"peer pid {pid} runs as uid {uid}, not {os.getuid()}")
     return pid
 
 
@@ -190,7 +188,7 @@ async def _receive_grant(sock: socket.socket) -> tuple[dict[str, Any], Any, Layo
 async def _readable(sock: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    loop.add_reader(sock.fileno(), lambda: None if ready.done() else ready.set_result(None))
     try:
         await ready
     finally:
@@ -203,21 +201,11 @@ class ShmDevice(Device):
     provider = "shm"
     watch_writable = False
 
-    def __init__(self, link: ShmLink, **kwargs: Any) -> None:
-        super().__init__(placement=self._lend, **kwargs)
+    def __init__(self, link: ShmLink, options: DeviceOptions) -> None:
+        super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
         self._fd = link.sock.fileno()
-        self._rx, self._rx_layout = link.rx, link.rx_layout
-        self._tx, self._tx_layout = link.tx, link.tx_layout
-        self._reader = RingReader(link.rx, link.rx_layout)
-        self._writer = RingWriter(link.tx, link.tx_layout)
-        tx, flag = link.tx, link.tx_layout.flag
-        self._pool = PoolAllocator(
-            link.tx_layout.pool_bytes,
-            link.tx_layout.blocks,
-            returned=lambda block: tx.load(flag(block)) == 1,
-            claim=lambda block: tx.store(flag(block), 0),
-        )
+        self._shared: _Shared | None = _Shared(link)
         self._peer_gone = False
 
     def fileno(self) -> int:
@@ -225,7 +213,8 @@ class ShmDevice(Device):
 
     @property
     def input_pending(self) -> bool:
-        return not self._reader.asleep and not self.lost
+        shared = self._shared
+        return shared is not None and not shared.reader.asleep and not self.lost
 
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
         if type(unit) is OutgoingParcel and not self.lost:
@@ -233,35 +222,45 @@ class ShmDevice(Device):
         return super().put(vc, unit, token)
 
     def _place(self, parcel: OutgoingParcel) -> None:
-        """Write the parcel's bulk frames into a pool block now, if one is
-        free; the parcel then carries only where they lie. Whatever thread
-        later publishes the parcel in the ring does so under the device lock,
-        after these writes, so the ring's release store covers them."""
-        bulk = parcel.bulk
-        if not bulk:
+        """Write each bulk group of the parcel (the frames that will share one
+        buffer at the receiver) into a pool block of its own now, where one
+        is free; the parcel then carries only where they lie, and releasing
+        one group's objects at the receiver frees that block alone. Whatever
+        thread later publishes the parcel in the ring does so under the
+        device lock, after these writes, so the ring's release store covers
+        them."""
+        shared = self._shared
+        if shared is None:
             return
-        spot = self._pool.allocate(sum(view.nbytes for view in bulk))
-        if spot is None:
-            return
-        block, offset = spot
-        position = self._tx_layout.pool_offset + offset
-        for view in bulk:
-            self._tx.write(position, view)
-            position += view.nbytes
-        parcel.place(block, offset)
+        for group, views in enumerate(parcel.bulk_groups):
+            spot = shared.pool.allocate(sum(view.nbytes for view in views))
+            if spot is None:
+                return
+            block, offset = spot
+            position = shared.tx_layout.pool_offset + offset
+            for view in views:
+                shared.tx.write(position, view)
+                position += view.nbytes
+            parcel.place(group, block, offset)
 
     def _lend(self, block: int, offset: int, nbytes: int) -> memoryview:
         """The placed frames, as a buffer whose release returns ``block``."""
-        layout = self._rx_layout
+        shared = self._shared
+        if shared is None:
+            raise ProtocolError("placed frames after the device was released")
+        layout = shared.rx_layout
         if block >= layout.blocks or offset % ALIGN or offset + nbytes > layout.pool_bytes:
             raise ProtocolError(
                 f"placed frames in block {block} at {offset}+{nbytes} lie outside the pool"
             )
-        return memoryview(self._rx.lease(layout.pool_offset + offset, nbytes, layout.flag(block)))
+        return memoryview(shared.rx.lease(layout.pool_offset + offset, nbytes, layout.flag(block)))
 
     def on_readable(self) -> bool:
+        shared = self._shared
+        if shared is None:
+            return False
         self._take_doorbell()
-        self._reader.woken()
+        shared.reader.woken()
         self.resume_blocked_sends()
         return super().on_readable()
 
@@ -278,7 +277,10 @@ class ShmDevice(Device):
             self._peer_gone = True
 
     def _transmit(self, buffers: deque[Any]) -> int:
-        writer = self._writer
+        shared = self._shared
+        if shared is None:
+            raise ConnectionAbortedError("device released")
+        writer = shared.writer
         try:
             n = writer.write(buffers)
             while writer.full and writer.wait_for_space():
@@ -293,7 +295,10 @@ class ShmDevice(Device):
         return n
 
     def _receive_into(self, buffer: memoryview) -> int:
-        reader = self._reader
+        shared = self._shared
+        if shared is None:
+            raise ConnectionAbortedError("device released")
+        reader = shared.reader
         n = reader.read_into(buffer)
         while n < buffer.nbytes and not reader.sleep():
             n += reader.read_into(buffer[n:])
@@ -316,8 +321,95 @@ class ShmDevice(Device):
         shut_socket(self._sock, both)
 
     def _close_transport(self) -> None:
-        # The segments stay mapped while objects lent from them live; they
-        # are unmapped when the last of those, and this device, are gone
-        # (the decoder no longer needs to reach back to us: no cycle).
+        # Unmapped as soon as no object lent from the segments lives (each
+        # lease holds its own region): a closed comm that somebody keeps
+        # must not keep the shared memory with it.
         self._decoder.placement = None
+        self._shared = None
         self._sock.close()
+
+
+class _Shared:
+    """Everything of a device that lives in the two shared segments."""
+
+    def __init__(self, link: ShmLink) -> None:
+        self.rx, self.rx_layout = link.rx, link.rx_layout
+        self.tx, self.tx_layout = link.tx, link.tx_layout
+        self.reader = RingReader(link.rx, link.rx_layout)
+        self.writer = RingWriter(link.tx, link.tx_layout)
+        tx, flag = link.tx, link.tx_layout.flag
+        self.pool = PoolAllocator(
+            link.tx_layout.pool_bytes,
+            link.tx_layout.blocks,
+            returned=lambda block: tx.load(flag(block)) == 1,
+            claim=lambda block: tx.store(flag(block), 0),
+        )
+
+
+class ShmProvider(Provider):
+    """Shared memory with a peer that proves it runs on this host."""
+
+    name = "shm"
+
+    def unavailable(self) -> str | None:
+        return unavailable()
+
+    def listen(
+        self,
+        host: str | None,
+        port: int,
+        settings: Settings,
+        options: DeviceOptions,
+        accepted: Callable[[Device], None],
+    ) -> Offering:
+        loop = asyncio.get_running_loop()
+        sock, name = listen(int(dask.config.get("distributed.comm.socket-backlog")))
+        layout = _layout(settings)
+        timeout = _connect_timeout()
+        handshakes: set[asyncio.Task[None]] = set()
+
+        async def handshake(conn: socket.socket) -> None:
+            try:
+                link = await accept(conn, layout, timeout)
+            except ProviderUnavailable as e:
+                logger.info("refusing shared memory on %s: %s", name, e)
+                conn.close()
+                return
+            except BaseException:
+                conn.close()
+                raise
+            accepted(ShmDevice(link, options))
+
+        def adopt(conn: socket.socket) -> None:
+            task = loop.create_task(handshake(conn))
+            handshakes.add(task)
+            task.add_done_callback(handshakes.discard)
+
+        stop_accepting = watch_accepts(sock, adopt, name)
+
+        def close() -> None:
+            stop_accepting()
+            for task in list(handshakes):
+                task.cancel()
+
+        return Offering(close=close, offer=name)
+
+    async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
+        if not (isinstance(peer.offer, str) and 0 < len(peer.offer) <= 100):
+            raise ProviderUnavailable(f"malformed shared-memory offer {peer.offer!r}")
+        link = await connect(
+            peer.offer, peer.pid, _layout(settings),
+            peer.local_address, peer.peer_address, _connect_timeout(),
+        )
+        return ShmDevice(link, options)
+
+
+def _layout(settings: Settings) -> Layout:
+    return Layout(settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
+
+
+def _connect_timeout() -> float:
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
+
+
+PROVIDER = ShmProvider()

@@ -10,15 +10,23 @@ are copied by nobody but the kernel.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
 import dask.config
 from dask.utils import parse_timedelta
+from distributed.comm.addressing import unparse_host_port
 
-from dask_lcicomm.providers.base import IOV_MAX, Device, shut_socket
+from dask_lcicomm.config import Settings
+from dask_lcicomm.providers.base import Device, DeviceOptions, shut_socket, watch_accepts
+from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider
+from dask_lcicomm.providers.send_queue import IOV_MAX
+
+logger = logging.getLogger(__name__)
 
 
 def configure_socket(sock: socket.socket) -> None:
@@ -40,9 +48,8 @@ def configure_socket(sock: socket.socket) -> None:
 async def open_connection(host: str, port: int) -> socket.socket:
     """Connect a non-blocking TCP socket to ``host:port``."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError | None = None
-    for family, type_, proto, _, address in infos:
+    for family, type_, proto, _, address in await _resolve(loop, host, port):
         sock = socket.socket(family, type_, proto)
         try:
             sock.setblocking(False)
@@ -59,11 +66,54 @@ async def open_connection(host: str, port: int) -> socket.socket:
     raise error or OSError(f"cannot resolve {host!r}")
 
 
+async def _resolve(
+    loop: asyncio.AbstractEventLoop, host: str, port: int
+) -> list[tuple[Any, ...]]:
+    """Addresses for ``host:port``. A numeric host is parsed on the spot: the
+    executor that resolves names refuses work during interpreter shutdown,
+    when Dask still closes comms and may connect to say goodbye."""
+    try:
+        return socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM,
+            flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+        )
+    except socket.gaierror:
+        pass
+    try:
+        return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except RuntimeError as e:
+        raise OSError(f"cannot resolve {host!r}: {e}") from e
+
+
+def bind(host: str | None, port: int, backlog: int) -> socket.socket:
+    """A listening non-blocking socket; IPv4 first where the name has both."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    family, type_, proto, _, address = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def address_of(sockaddr: Any) -> str:
+    """The lci:// address of an IP socket address (empty for any other socket)."""
+    if not isinstance(sockaddr, tuple):
+        return ""
+    return "lci://" + unparse_host_port(sockaddr[0], sockaddr[1])
+
+
 class TcpDevice(Device):
     provider = "tcp"
 
-    def __init__(self, sock: socket.socket, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, sock: socket.socket, options: DeviceOptions) -> None:
+        super().__init__(options, address_of(sock.getsockname()), address_of(sock.getpeername()))
         self._sock = sock
         self._fd = sock.fileno()
 
@@ -83,3 +133,44 @@ class TcpDevice(Device):
 
     def _close_transport(self) -> None:
         self._sock.close()
+
+
+class TcpProvider(Provider):
+    """The bootstrap: a listener's TCP port, and a socket per device."""
+
+    name = "tcp"
+
+    def listen(
+        self,
+        host: str | None,
+        port: int,
+        settings: Settings,
+        options: DeviceOptions,
+        accepted: Callable[[Device], None],
+    ) -> Offering:
+        sock = bind(host, port, int(dask.config.get("distributed.comm.socket-backlog")))
+        bound = sock.getsockname()[:2]
+        where = address_of(bound)
+
+        def adopt(conn: socket.socket) -> None:
+            try:
+                configure_socket(conn)
+                device = TcpDevice(conn, options)
+            except OSError as e:
+                logger.info("dropping connection accepted by %s: %s", where, e)
+                conn.close()
+                return
+            accepted(device)
+
+        return Offering(close=watch_accepts(sock, adopt, where), address=bound)
+
+    async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
+        sock = await open_connection(peer.host, peer.port)
+        try:
+            return TcpDevice(sock, options)
+        except BaseException:
+            sock.close()
+            raise
+
+
+PROVIDER = TcpProvider()

@@ -17,9 +17,10 @@ import pytest
 from distributed.comm import CommClosedError, connect, listen
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.parcel import HEADER, MAGIC, VERSION, Kind, encode_connect, encode_hello
+from dask_lcicomm.link import Greeting
+from dask_lcicomm.parcel import HEADER, MAGIC, VERSION, Kind, Limits, encode_connect, encode_hello
 
-HELLO = encode_hello(json.dumps({"pid": 0, "host": "test", "token": "00"}).encode())
+HELLO = encode_hello(Greeting(0, "test", Limits(), {}).encode())
 
 
 async def _echo(comm):
@@ -77,6 +78,10 @@ BAD_STREAMS = {
     "out-of-sequence": HELLO + encode_connect(1) + _header(Kind.PARCEL, vc=1, seq=5, count=0),
     "hello-not-json": encode_hello(b"\xff\xfe not json"),
     "second-hello": HELLO + HELLO,
+    "hello-without-limits": encode_hello(json.dumps({"pid": 0, "host": "test"}).encode()),
+    "hello-with-zero-limits": encode_hello(
+        json.dumps({"limits": {"max_message_bytes": 0, "max_frames": 1, "max_eager_bytes": 1}}).encode()
+    ),
     "double-connect": HELLO + encode_connect(1) + encode_connect(1),
 }
 

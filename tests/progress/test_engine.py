@@ -70,3 +70,23 @@ async def test_idle_progress_thread_does_not_spin(endpoint_pair):
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="progress mode"):
         ProgressEngine(asyncio.new_event_loop(), "busy", None)
+
+
+@gen_test(timeout=30)
+async def test_closing_does_not_wait_for_a_busy_progress_thread(endpoint_pair):
+    """close() runs on the event loop: it tells the threads to stop and
+    returns; they exit by themselves once their devices are released."""
+    with endpoint_pair("thread") as (a, b):
+        a.send(1, OutgoingParcel(1, 0, [b"x"], 1024, 4096))
+        await b.wait_for(lambda ev: len(ev) == 1)
+        busy = threading.Event()
+        a.engine._driver._threads[0].post(lambda run: (busy.set(), time.sleep(1.0)))
+        assert busy.wait(5)
+        start = time.monotonic()
+        a.engine.remove(a.device)
+        a.engine.close()
+        assert time.monotonic() - start < 0.5
+    deadline = time.monotonic() + 5
+    while _progress_threads() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert not _progress_threads()

@@ -7,6 +7,7 @@ so that large frames queue in the ring as they queue in a socket).
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -101,3 +102,58 @@ async def test_peer_loss_reports_pending_sends(endpoint_pair, provider):
         assert token in lost.tokens
         with pytest.raises(DeviceClosed):
             a.send(1, _parcel(1, 1, [b"late"]))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@gen_test(timeout=60)
+async def test_a_send_error_fails_every_queued_send(endpoint_pair, provider):
+    """The peer may be gone before our receive side noticed: the writers
+    waiting on queued parcels must hear of it, not wait forever."""
+    with endpoint_pair("loop", sndbuf=64 * 1024, provider=provider) as (a, _):
+        loop = asyncio.get_running_loop()
+        taken, queued = loop.create_future(), loop.create_future()
+        assert not a.send(1, _parcel(1, 0, [bytes(8 << 20)]), taken)
+
+        def broken(buffers):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        a.device._transmit = broken
+        a.device.put(2, _parcel(2, 0, [b"queued"]), queued)
+        await a.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        lost = next(e for e in a.events if isinstance(e, DeviceLost))
+        assert "Broken pipe" in lost.reason
+        assert {taken, queued} <= set(lost.tokens)
+
+
+@gen_test(timeout=30)
+async def test_release_waits_for_a_transmission_in_flight(endpoint_pair):
+    """In thread mode the progress thread may release a device while the
+    event loop's thread is inside a send on it: the transport must outlive
+    that send."""
+    with endpoint_pair("thread") as (a, _):
+        device = a.device
+        entered, proceed = threading.Event(), threading.Event()
+        order = []
+        transmit = device._transmit
+
+        def slow(buffers):
+            entered.set()
+            proceed.wait(5)
+            order.append("sent")
+            return transmit(buffers)
+
+        close = device._close_transport
+        device._close_transport = lambda: (order.append("closed"), close())
+        device._transmit = slow
+        device.put(1, _parcel(1, 0, [b"x" * 100]))
+        sender = threading.Thread(target=device.flush)
+        sender.start()
+        assert entered.wait(5)
+        releaser = threading.Thread(target=device.release)
+        releaser.start()
+        releaser.join(0.2)
+        assert releaser.is_alive(), "release closed the transport under a send"
+        proceed.set()
+        sender.join(5)
+        releaser.join(5)
+        assert order == ["sent", "closed"]

@@ -18,6 +18,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
 from dask_lcicomm.providers.base import Device, DeviceLost
+from dask_lcicomm.providers.registry import ProviderUnavailable
 from dask_lcicomm.providers.shm_segment import PAGE, TAIL, Layout, create
 
 MiB = 1 << 20
@@ -46,15 +47,15 @@ async def test_large_frames_are_lent_from_the_pool_and_come_back(endpoint_pair, 
         assert bytes(frames[0]) == b"head" and bytes(frames[2]) == b"x" * 2000
         assert _lent(frames[1]) and _lent(frames[2])
         assert np.array_equal(np.frombuffer(frames[1], np.uint8), big)
-        assert a.device._pool.in_use == 1
+        assert a.device._shared.pool.in_use == 1
         array = np.frombuffer(frames[1], np.uint8)
         b.events.clear()
         del frames
         gc.collect()
         # the array still uses the block: the pool cannot hand it out again
-        assert a.device._pool.allocate(8 * MiB) is None
+        assert a.device._shared.pool.allocate(8 * MiB) is None
         del array
-        spot = a.device._pool.allocate(8 * MiB)
+        spot = a.device._shared.pool.allocate(8 * MiB)
         assert spot is not None and spot[1] == 0
 
 
@@ -76,7 +77,7 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
 async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplog, block, offset):
     with endpoint_pair("loop", provider="shm", pool=8 * MiB) as (a, b):
         parcel = _parcel(0, [bytes(MiB)])
-        parcel.place(block, offset)
+        parcel.place(0, block, offset)
         with caplog.at_level(logging.WARNING, "dask_lcicomm"):
             Device.put(a.device, 1, parcel)  # as placed, not placed again
             a.device.flush()
@@ -89,7 +90,7 @@ async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplo
 @gen_test(timeout=60)
 async def test_an_overrun_ring_closes_the_device(endpoint_pair):
     with endpoint_pair("loop", provider="shm") as (a, b):
-        a.device._tx.store(TAIL, 2**40)
+        a.device._shared.tx.store(TAIL, 2**40)
         a.device._ring()
         await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
         assert "overran the ring" in next(e for e in b.events if isinstance(e, DeviceLost)).reason
@@ -129,7 +130,7 @@ class Listening:
     async def _answer(self, conn):
         try:
             await self.results.put(await shm.accept(conn, LAYOUT, 5))
-        except shm.ShmUnavailable as e:
+        except ProviderUnavailable as e:
             conn.close()
             await self.results.put(e)
 
@@ -159,7 +160,7 @@ async def test_handshake_links_two_ends_that_share_memory():
 async def test_handshake_refuses_another_process_than_the_greeter():
     listening = Listening()
     try:
-        with pytest.raises(shm.ShmUnavailable, match="belongs to pid"):
+        with pytest.raises(ProviderUnavailable, match="belongs to pid"):
             await shm.connect(listening.name, os.getpid() + 1, LAYOUT, "lci://c:1", "lci://l:2", 5)
     finally:
         listening.close()
@@ -170,17 +171,17 @@ async def test_handshake_refuses_another_user(monkeypatch):
     listening = Listening()
     try:
         monkeypatch.setattr(shm.os, "getuid", lambda: 12345)
-        with pytest.raises(shm.ShmUnavailable, match="runs as uid"):
+        with pytest.raises(ProviderUnavailable, match="runs as uid"):
             await shm.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
         refused = await listening.results.get()
-        assert isinstance(refused, shm.ShmUnavailable) and "runs as uid" in str(refused)
+        assert isinstance(refused, ProviderUnavailable) and "runs as uid" in str(refused)
     finally:
         listening.close()
 
 
 @gen_test(timeout=30)
 async def test_handshake_with_nobody_there():
-    with pytest.raises(shm.ShmUnavailable, match="ConnectionRefused|FileNotFound"):
+    with pytest.raises(ProviderUnavailable, match=r"ConnectionRefused|FileNotFound"):
         await shm.connect("dask-lcicomm-nobody", os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
 
 
@@ -207,7 +208,7 @@ async def test_malformed_grants_are_refused(grant, fds, match):
         for fd in rights:
             os.close(fd)
         refused = await listening.results.get()
-        assert isinstance(refused, shm.ShmUnavailable)
+        assert isinstance(refused, ProviderUnavailable)
         assert match in str(refused)
     finally:
         sock.close()

@@ -1,0 +1,109 @@
+"""Fabric providers behind one interface, found by name.
+
+A provider is a module ``dask_lcicomm.providers.<name>`` whose ``PROVIDER``
+attribute implements :class:`Provider`; adding a fabric is adding one module
+and naming it in ``distributed.comm.lci.providers``. The parcelport and the
+listener only ever talk to this interface.
+
+Every channel starts on the *bootstrap* provider (``tcp``): it reaches every
+peer and carries the greeting in which a listener offers the other providers
+it runs. The connecting side then tries the offered providers it prefers to
+the bootstrap, in its configured order, and keeps the first that connects.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dask_lcicomm.config import Settings
+from dask_lcicomm.providers.base import Device, DeviceOptions
+
+BOOTSTRAP = "tcp"
+
+
+class ProviderUnavailable(ConnectionError):
+    """This provider cannot be used with this peer; the reason says why."""
+
+
+@dataclass(frozen=True)
+class PeerOffer:
+    """What the connecting side knows of a peer when it tries a provider."""
+
+    host: str
+    port: int
+    #: The peer process's id and host name, from its greeting.
+    pid: Any
+    hostname: Any
+    #: What the peer's listener offered for this provider (None for the bootstrap).
+    offer: Any
+    #: Addresses of the bootstrap device, which the new device stands for.
+    local_address: str = ""
+    peer_address: str = ""
+
+
+@dataclass
+class Offering:
+    """A provider accepting for one listener; close it with the listener."""
+
+    close: Callable[[], None]
+    #: Goes into the listener's greeting so that peers can connect (JSON).
+    offer: Any = None
+    #: The bound (host, port) of the bootstrap provider.
+    address: tuple[str, int] | None = None
+
+
+class Provider(ABC):
+    """One fabric: how to accept and how to connect devices over it."""
+
+    name: ClassVar[str]
+
+    def unavailable(self) -> str | None:
+        """Why this process cannot use the provider at all, or None."""
+        return None
+
+    @abstractmethod
+    def listen(
+        self,
+        host: str | None,
+        port: int,
+        settings: Settings,
+        options: DeviceOptions,
+        accepted: Callable[[Device], None],
+    ) -> Offering:
+        """Start accepting peers; ``accepted`` gets each new device.
+
+        ``host`` and ``port`` matter only to the bootstrap provider. On
+        failure nothing stays open.
+        """
+
+    @abstractmethod
+    async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
+        """A device connected to ``peer``; :class:`ProviderUnavailable` (or
+        ``OSError`` for the bootstrap) when that cannot be."""
+
+
+def get(name: str) -> Provider:
+    """The provider called ``name``; ``ValueError`` if there is none."""
+    try:
+        module = importlib.import_module(f"{__package__}.{name}")
+        provider = module.PROVIDER
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"no lci:// provider called {name!r}: {e}") from e
+    if not isinstance(provider, Provider):
+        raise ValueError(f"{module.__name__}.PROVIDER is not a Provider")
+    return provider
+
+
+def upgrades(settings: Settings) -> list[Provider]:
+    """The providers preferred to the bootstrap, in order of preference."""
+    names = settings.providers
+    return [get(name) for name in names[: names.index(BOOTSTRAP)]]
+
+
+def offered(settings: Settings) -> list[Provider]:
+    """The providers a listener offers besides the bootstrap (all it can run)."""
+    return [get(name) for name in settings.providers if name != BOOTSTRAP]

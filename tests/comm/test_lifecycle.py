@@ -1,0 +1,257 @@
+"""Every resource has an owner and a way back: fds, shared memory, threads,
+timers and comms nobody closed, under the lifetimes Dask gives them."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import socket
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, Scheduler, Worker
+from distributed.comm import connect, listen
+from distributed.comm.core import CommClosedError
+from distributed.comm.registry import get_backend
+from distributed.utils_test import gen_test
+
+from dask_lcicomm import parcelport as parcelport_module
+from dask_lcicomm.parcelport import LINGER, Parcelport
+from dask_lcicomm.providers import shm
+
+PROVIDERS = [pytest.param(["shm", "tcp"], id="shm"), pytest.param(["tcp"], id="tcp")]
+MODES = ["loop", "thread"]
+
+
+def resources() -> dict[str, object]:
+    """What an lci:// process holds that must go when its comms do."""
+    fds = set(os.listdir("/proc/self/fd"))
+    with open("/proc/self/maps") as f:
+        maps = [line for line in f if "dask-lcicomm" in line]
+    threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
+    return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads}
+
+
+async def back_to(baseline: dict[str, object], within: float = LINGER + 5) -> dict[str, object]:
+    """Wait (bounded) until the process holds what it held at ``baseline``."""
+    deadline = time.monotonic() + within
+    while True:
+        gc.collect()
+        now = resources()
+        if now == baseline or time.monotonic() > deadline:
+            return now
+        await asyncio.sleep(0.05)
+
+
+def _config(providers, mode="loop"):
+    return dask.config.set({
+        "distributed.comm.lci.providers": providers,
+        "distributed.comm.lci.progress": mode,
+    })
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("providers", PROVIDERS)
+@gen_test(timeout=60)
+async def test_comms_and_listeners_leave_nothing_behind(providers, mode):
+    baseline = resources()
+    with _config(providers, mode):
+        async def echo(comm):
+            try:
+                while True:
+                    await comm.write(await comm.read())
+            except CommClosedError:
+                pass
+
+        listener = await listen("lci://127.0.0.1:0", echo)
+        comms = [await connect(listener.contact_address) for _ in range(4)]
+        for i, comm in enumerate(comms):
+            await comm.write({"x": np.full(3 << 20, i, dtype=np.uint8), "i": i})
+            echoed = await comm.read()
+            assert echoed["i"] == i and int(echoed["x"][-1]) == i
+        del echoed
+        for comm in comms:
+            await comm.close()
+        listener.stop()
+    assert await back_to(baseline) == baseline
+
+
+@pytest.mark.parametrize("providers", PROVIDERS)
+@gen_test(timeout=60)
+async def test_comms_dropped_without_close_are_finalized(providers):
+    """As tcp:// closes a dangling stream: here the peer closes first, then
+    the comm is dropped (Dask's ConnectionPool does that)."""
+    baseline = resources()
+    with _config(providers):
+        served: list = []
+
+        async def close_at_once(comm):
+            served.append(comm.peer_address)
+            await comm.close()
+
+        listener = await listen("lci://127.0.0.1:0", close_at_once)
+        for _ in range(30):
+            comm = await connect(listener.contact_address)
+            deadline = time.monotonic() + 5
+            while not comm.closed() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert comm.closed()
+            del comm
+        assert len(served) == 30
+        listener.stop()
+    assert await back_to(baseline) == baseline
+
+
+@gen_test(timeout=30)
+async def test_a_dropped_comm_is_closed_for_its_peer():
+    reads: asyncio.Queue = asyncio.Queue()
+
+    async def wait_for_close(comm):
+        try:
+            await comm.read()
+        except CommClosedError as e:
+            await reads.put(e)
+
+    async with listen("lci://127.0.0.1:0", wait_for_close) as listener:
+        comm = await connect(listener.contact_address)
+        del comm
+        gc.collect()
+        assert isinstance(await asyncio.wait_for(reads.get(), 5), CommClosedError)
+
+
+@pytest.mark.parametrize("providers", PROVIDERS)
+@gen_test(timeout=60)
+async def test_a_cluster_lifetime_leaves_nothing_behind(providers):
+    baseline = resources()
+    with _config(providers):
+        async with (
+            Scheduler(protocol="lci", dashboard_address=":0") as s,
+            Worker(s.address) as a,
+            Worker(s.address) as b,
+            Client(s.address, asynchronous=True) as c,
+        ):
+            x = c.submit(np.arange, 1 << 20, workers=[a.address])
+            y = c.submit(lambda v: int(v.sum()), x, workers=[b.address])
+            assert await y == sum(range(1 << 20))
+            del x, y
+    assert await back_to(baseline) == baseline
+
+
+@gen_test(timeout=30)
+async def test_connecting_to_a_tcp_listener_fails_fast_and_says_why():
+    tcp = get_backend("tcp").get_listener("tcp://127.0.0.1:0", lambda comm: None, True)
+    await tcp.start()
+    try:
+        host_port = tcp.contact_address.split("://")[1]
+        start = time.monotonic()
+        with pytest.raises(OSError, match="not an lci:// listener"):
+            await connect(f"lci://{host_port}", timeout=30)
+        assert time.monotonic() - start < 2
+    finally:
+        tcp.stop()
+
+
+@gen_test(timeout=30)
+async def test_two_concurrent_reads_fail_loudly():
+    async with listen("lci://127.0.0.1:0", lambda comm: asyncio.sleep(30)) as listener:
+        comm = await connect(listener.contact_address)
+        first = asyncio.ensure_future(comm.read())
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="already waiting"):
+            await comm.read()
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(first, 5)
+        assert comm.closed()
+
+
+@gen_test(timeout=30)
+async def test_a_comm_opened_just_before_the_listener_stops_never_reaches_the_handler():
+    """As tcp:// closes a stream accepted just before stop(): the handler
+    never sees the comm, and the peer sees it closed instead of hanging in
+    Dask's handshake (which has no timeout)."""
+    handled = []
+    listener = await listen("lci://127.0.0.1:0", handled.append)
+    registration = listener._listening
+    accept = registration.accept
+
+    def accept_then_stop(vconn):
+        accept(vconn)
+        listener.stop()
+
+    registration.accept = accept_then_stop
+    with pytest.raises(OSError, match=r"closed|refused"):
+        await connect(listener.contact_address, timeout=5)
+    await asyncio.sleep(0.1)
+    assert handled == []
+
+
+@gen_test(timeout=30)
+async def test_a_peer_that_never_greets_times_out_quietly(caplog):
+    """The connect fails within its timeout; nothing is left unretrieved."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}), pytest.raises(OSError):
+            await connect(f"lci://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5)
+        await asyncio.sleep(0.2)
+        gc.collect()
+        await asyncio.sleep(0.1)
+        # The failed greeting's link is gone, and the parcelport with it.
+        assert Parcelport._ports.get(asyncio.get_running_loop()) is None
+    finally:
+        silent.close()
+    assert "never retrieved" not in caplog.text
+
+
+@gen_test(timeout=30)
+async def test_a_listener_that_fails_to_start_leaves_no_socket(monkeypatch):
+    baseline = resources()
+
+    def broken(*args, **kwargs):
+        raise OSError("no shared memory today")
+
+    monkeypatch.setattr(shm.PROVIDER, "listen", broken)
+    with _config(["shm", "tcp"]):
+        port = socket.socket()
+        port.bind(("127.0.0.1", 0))
+        number = port.getsockname()[1]
+        port.close()
+        with pytest.raises(OSError, match="no shared memory today"):
+            await listen(f"lci://127.0.0.1:{number}", lambda comm: None)
+        # The port is free again and nothing was kept.
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", number))
+    assert await back_to(baseline) == baseline
+
+
+@gen_test(timeout=60)
+async def test_a_finished_link_leaves_no_linger_timer():
+    async with listen("lci://127.0.0.1:0", lambda comm: comm.close()) as listener:
+        comm = await connect(listener.contact_address)
+        await comm.close()
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + 5
+    while Parcelport._ports.get(loop) is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert Parcelport._ports.get(loop) is None
+    timers = [
+        handle for handle in loop._scheduled  # type: ignore[attr-defined]
+        if not handle.cancelled() and getattr(handle._callback, "__self__", None).__class__
+        is parcelport_module.Parcelport
+    ]
+    assert timers == []
+
+
+@gen_test(timeout=30)
+async def test_numeric_addresses_connect_without_the_default_executor():
+    """Dask still closes and connects during interpreter shutdown, when the
+    executor that resolves names refuses work."""
+    async with listen("lci://127.0.0.1:0", lambda comm: comm.close()) as listener:
+        await asyncio.get_running_loop().shutdown_default_executor()
+        comm = await connect(listener.contact_address, timeout=5)
+        await comm.close()
