@@ -117,8 +117,9 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
     logdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if why_not is None:
-            hosts: list[Host | None] = list(stack.enter_context(virtual_hosts(nworkers, SUBNET, rate)))
-            listen = [h.address for h in hosts]
+            made = stack.enter_context(virtual_hosts(nworkers, SUBNET, rate))
+            hosts: list[Host | None] = list(made)
+            listen = [h.address for h in made]
             scheduler_host = gateway_address(SUBNET)
             kind = (f"{nworkers} network namespaces on a bridge, "
                     f"egress {rate or 'unlimited'} per host (tc tbf)")

@@ -141,7 +141,9 @@ def targets(case: CaseResult, target: float) -> list[str]:
         missing it where ``b`` reached it is a miss."""
         if a is None or b is None or not b["reached_target"]:
             return None
-        return a["reached_target"] and all(ratio(a, b, key) <= bound for key in keys)
+        return a["reached_target"] and all(
+            (r := ratio(a, b, key)) is not None and r <= bound for key in keys
+        )
 
     t, b = ratio(asap, bsp, "time_to_target_s"), ratio(asap, bsp, "bytes_to_target")
     out.append(f"asap/bsp time to target {t and round(t, 2)}, bytes {b and round(b, 2)} (<= 0.5 each): "

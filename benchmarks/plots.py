@@ -21,11 +21,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed, none wanted
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt  # after choosing the backend
+import numpy as np
+from matplotlib.ticker import FuncFormatter
 
-from benchmarks._harness import size_name  # noqa: E402
+from benchmarks._harness import size_name
 
 __all__ = ["plot", "PLOTTERS"]
 
@@ -188,7 +188,7 @@ def plot_variants(data: Json, outdir: Path) -> list[Path]:
         # Bars grow from 1 (no effect) towards the ratio, left when worse.
         ax.barh(positions + (i - (len(results) - 1) / 2) * height, ratios - 1, height,
                 left=1.0, label=result["benchmark"])
-    for position, row in zip(positions, rows, strict=True):
+    for position, row in enumerate(rows):  # positions == arange(len(rows))
         status = data["status"][row]
         if not status["available"]:
             ax.text(1.0, position, f"  {status['label']}", va="center", fontsize=8, color="dimgray")

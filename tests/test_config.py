@@ -79,6 +79,5 @@ def test_environment_variables_override(variable, value, field, expected):
     ],
 )
 def test_invalid_values_are_refused(key, value, message):
-    with dask.config.set({f"distributed.comm.lci.{key}": value}):
-        with pytest.raises(ValueError, match=message):
-            Settings.from_config()
+    with dask.config.set({f"distributed.comm.lci.{key}": value}), pytest.raises(ValueError, match=message):
+        Settings.from_config()

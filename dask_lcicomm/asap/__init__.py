@@ -15,8 +15,16 @@ Dask layer (:mod:`~dask_lcicomm.asap.runtime`, :mod:`~dask_lcicomm.asap.links`,
 """
 
 from dask_lcicomm.asap.client import train
-from dask_lcicomm.asap.graphs import Graph, all_to_all, choose_graph, circulant, exponential, halton
-from dask_lcicomm.asap.graphs import random_regular, ring
+from dask_lcicomm.asap.graphs import (
+    Graph,
+    all_to_all,
+    choose_graph,
+    circulant,
+    exponential,
+    halton,
+    random_regular,
+    ring,
+)
 from dask_lcicomm.asap.modes import MODES
 from dask_lcicomm.asap.pacing import Pacing
 from dask_lcicomm.asap.report import RunReport, WorkerReport

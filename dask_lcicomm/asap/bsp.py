@@ -36,7 +36,7 @@ class AllToAll:
     def receive(self, src: int, message: Message) -> list[Action]:
         if message.kind is not Kind.NOTIFY or src not in self.peers or message.round < self.round:
             raise RuntimeError(f"unexpected {message.kind.value}({message.round}) from {src}")
-        self._models.setdefault(message.round, {})[src] = message.data
+        self._models.setdefault(message.round, {})[src] = message.model
         return self._try_reduce()
 
     def _try_reduce(self) -> list[Action]:

@@ -21,7 +21,7 @@ from dask_lcicomm.asap.report import RunReport, WorkerReport
 from dask_lcicomm.asap.runtime import RunSpec, abort, install, train_task, uninstall
 from dask_lcicomm.asap.task import Task
 
-logger = logging.getLogger("dask_lcicomm.asap.client")
+logger = logging.getLogger(__name__)
 
 
 def train(

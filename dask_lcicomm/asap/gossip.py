@@ -34,7 +34,7 @@ class Gossip:
         actions: list[Action] = [Send(dst, notify, latest_only=True) for dst in self.out_peers]
         arrived = [self._inbox.pop(src) for src in self.in_peers if src in self._inbox]
         staleness = max((abs(round - m.round) for m in arrived), default=0)
-        actions.append(Reduced(round, average(model, [m.data for m in arrived]), staleness))
+        actions.append(Reduced(round, average(model, [m.model for m in arrived]), staleness))
         return actions
 
     def receive(self, src: int, message: Message) -> list[Action]:

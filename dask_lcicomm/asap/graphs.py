@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-logger = logging.getLogger("dask_lcicomm.asap.graphs")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from distributed.protocol.serialize import to_serialize
 
 from dask_lcicomm.asap.protocol import Message, Send
 
-logger = logging.getLogger("dask_lcicomm.asap.links")
+logger = logging.getLogger(__name__)
 
 #: The handler name the messages are addressed to on the receiving worker.
 OP = "lci_asap"

@@ -32,7 +32,7 @@ import numpy as np
 from dask_lcicomm.asap.protocol import Action, Kind, Message, Reduced, Send
 from dask_lcicomm.asap.reduce import average
 
-logger = logging.getLogger("dask_lcicomm.asap.notify_ack")
+logger = logging.getLogger(__name__)
 
 
 class NotifyAck:
@@ -64,22 +64,25 @@ class NotifyAck:
             models = self._notifies.setdefault(message.round, {})
             if src in models:
                 raise RuntimeError(f"second NOTIFY({message.round}) from {src}")
-            models[src] = message.data
+            models[src] = message.model
         else:
             raise RuntimeError(f"NOTIFY-ACK got a {message.kind.value} message")
         return self._progress()
 
     def _progress(self) -> list[Action]:
+        model = self._model
+        if model is None:  # the local step of this round is still running
+            return []
         actions: list[Action] = []
-        if self._model is not None and not self._sent and not self._unacked:
-            notify = Message(Kind.NOTIFY, self.round, self._model)
+        if not self._sent and not self._unacked:
+            notify = Message(Kind.NOTIFY, self.round, model)
             actions += [Send(dst, notify) for dst in self.out_peers]
             self._unacked = set(self.out_peers)
             self._sent = True
         arrived = self._notifies.get(self.round, {})
         if self._sent and len(arrived) == len(self.in_peers):
             self._notifies.pop(self.round, None)
-            reduced = average(self._model, [arrived[src] for src in self.in_peers])
+            reduced = average(model, [arrived[src] for src in self.in_peers])
             ack = Message(Kind.ACK, self.round)
             actions += [Send(src, ack) for src in self.in_peers]
             actions.append(Reduced(self.round, reduced))

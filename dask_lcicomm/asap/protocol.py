@@ -33,6 +33,13 @@ class Message:
     data: np.ndarray | None = None
     step: int = 0
 
+    @property
+    def model(self) -> np.ndarray:
+        """``data`` of a NOTIFY or CHUNK; a peer that sent none broke the protocol."""
+        if self.data is None:
+            raise RuntimeError(f"{self.kind.value}({self.round}) without a model")
+        return self.data
+
 
 @dataclass(frozen=True)
 class Send:

@@ -34,7 +34,7 @@ from dask_lcicomm.asap.pacing import Pacing
 from dask_lcicomm.asap.protocol import Action, Kind, Message, Reduced, Send
 from dask_lcicomm.asap.task import Task
 
-logger = logging.getLogger("dask_lcicomm.asap.runtime")
+logger = logging.getLogger(__name__)
 
 #: Runs installed in this process, by (run id, worker address): an
 #: in-process cluster has several workers in one process.

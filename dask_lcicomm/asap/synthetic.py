@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-logger = logging.getLogger("dask_lcicomm.asap.synthetic")
+logger = logging.getLogger(__name__)
 
 _TEST = 1_000_003  # stream id of the held-out set (ranks are small numbers)
 

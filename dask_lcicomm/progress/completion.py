@@ -103,5 +103,7 @@ def make_completion(
     kind: str, loop: asyncio.AbstractEventLoop, handler: Handler, threadsafe: bool
 ) -> Completion:
     """The completion object named by ``distributed.comm.lci.completion``."""
-    cls = {"queue": CompletionQueue, "sync": Synchronizer}[kind]
-    return cls(loop, handler, threadsafe)
+    kinds: dict[str, type[CompletionQueue | Synchronizer]] = {
+        "queue": CompletionQueue, "sync": Synchronizer
+    }
+    return kinds[kind](loop, handler, threadsafe)

@@ -51,6 +51,7 @@ def test_next_notify_waits_for_every_ack_and_so_does_the_reduce():
     (5, Message(Kind.ACK, 0)),  # not an out-neighbour
     (1, Message(Kind.ACK, 3)),  # wrong round
     (9, Message(Kind.NOTIFY, 0, ONE)),  # not an in-neighbour
+    (2, Message(Kind.NOTIFY, 0)),  # no model
     (2, Message(Kind.CHUNK, 0, ONE)),
 ])
 def test_protocol_violations_raise(bad):

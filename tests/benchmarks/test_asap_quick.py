@@ -78,11 +78,13 @@ def test_testbed_on_simulated_hosts_is_removed_afterwards(tmp_path):
 def test_testbed_is_removed_when_its_body_is_interrupted(tmp_path, loopback):
     if not loopback and unavailable() is not None:
         pytest.skip(f"no simulated hosts: {unavailable()}")
-    with pytest.raises(KeyboardInterrupt):
-        with asap_testbed(2, "lci", "100mbit", tmp_path, loopback=loopback) as bed:
-            assert bed.workers == 2 and ("loopback" in bed.kind) == loopback
-            assert _processes_under(tmp_path)
-            raise KeyboardInterrupt
+    with (
+        pytest.raises(KeyboardInterrupt),
+        asap_testbed(2, "lci", "100mbit", tmp_path, loopback=loopback) as bed,
+    ):
+        assert bed.workers == 2 and ("loopback" in bed.kind) == loopback
+        assert _processes_under(tmp_path)
+        raise KeyboardInterrupt
     assert not _processes_under(tmp_path)
     addresses = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
     assert gateway_address(SUBNET) not in addresses

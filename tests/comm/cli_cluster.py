@@ -53,7 +53,7 @@ class Procs:
 
     def start(self, name: str, args: list[str], host: Host | None = None) -> subprocess.Popen:
         """Start ``args`` (inside ``host``'s network namespace if given)."""
-        log = open(self.logdir / f"{name}.log", "wb")
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115  (closed in stop())
         proc = subprocess.Popen(
             host.command(args) if host is not None else args,
             stdin=subprocess.DEVNULL,
@@ -144,8 +144,8 @@ def start_cluster(
     scheduler_file = procs.logdir / "scheduler.json"
     procs.start(
         "scheduler",
-        _dask_command("scheduler")
-        + [
+        [
+            *_dask_command("scheduler"),
             "--protocol", protocol,
             "--host", scheduler_host,
             "--port", "0",
@@ -159,8 +159,8 @@ def start_cluster(
     for i, host in enumerate(worker_hosts):
         procs.start(
             f"worker{i}",
-            _dask_command("worker")
-            + [
+            [
+                *_dask_command("worker"),
                 address,
                 "--nthreads", "1",
                 "--no-dashboard",

@@ -14,11 +14,9 @@ import functools
 import operator
 
 import pytest
-
+from cli_cluster import CALL_TIMEOUT, STARTUP_TIMEOUT, Procs, start_cluster
 from distributed import Client
 from distributed.comm import parse_address, parse_host_port
-
-from cli_cluster import CALL_TIMEOUT, STARTUP_TIMEOUT, Procs, start_cluster
 
 PROTOCOL = "lci"
 

@@ -30,19 +30,12 @@ import socket
 import time
 from contextlib import asynccontextmanager
 
+import dask
+import distributed.utils_test as _dask_utils_test
 import numpy as np
 import psutil
 import pytest
-
-import dask
 from dask.utils import parse_bytes
-
-# Import the package before distributed.utils_test: gen_test resets Dask's
-# configuration to the snapshot utils_test took when it was imported, and the
-# lci defaults must be part of that snapshot (see _keep_lci_config_defaults).
-import dask_lcicomm  # noqa: F401  (registers the distributed.comm.lci defaults)
-
-import distributed.utils_test as _dask_utils_test
 from distributed.comm import (
     CommClosedError,
     connect,
@@ -59,6 +52,11 @@ from distributed.comm.core import Comm, Listener
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize
 from distributed.security import Security
 from distributed.utils_test import gen_test
+
+# Import the package before distributed.utils_test: gen_test resets Dask's
+# configuration to the snapshot utils_test took when it was imported, and the
+# lci defaults must be part of that snapshot (see _keep_lci_config_defaults).
+import dask_lcicomm  # noqa: F401  (registers the distributed.comm.lci defaults)
 
 # The scheme under test.  The suite must test lci; the override only exists to
 # validate the test logic itself against tcp.
@@ -252,7 +250,7 @@ class HandlerLog:
             self.started += 1
             try:
                 await fn(comm)
-            except BaseException as e:  # noqa: BLE001 - reported by check()
+            except BaseException as e:
                 self.errors.append(e)
                 raise
             finally:
@@ -466,7 +464,7 @@ async def test_wildcard_listen_address_has_concrete_contact_address(host):
 
     listener = await bounded(listen(addr(wildcard), handle))
     try:
-        lhost, lport = host_port(listener.listen_address)
+        _, lport = host_port(listener.listen_address)
         assert lport > 0
         chost, cport = host_port(listener.contact_address)
         assert cport == lport
@@ -544,13 +542,13 @@ async def test_require_encryption_is_refused():
     async def handle(comm):
         await comm.close()
 
-    with pytest.raises(Exception, match="(?i)encrypt"):
+    with pytest.raises(Exception, match=r"(?i)encrypt"):
         listener = await bounded(listen(addr(), handle, require_encryption=True))
         await stop_listener(listener)  # not reached when the contract holds
 
     async with listen(addr(), handle) as listener:
         t0 = time.monotonic()
-        with pytest.raises(Exception, match="(?i)encrypt"):
+        with pytest.raises(Exception, match=r"(?i)encrypt"):
             comm = await bounded(
                 connect(listener.contact_address, timeout=5, require_encryption=True)
             )
@@ -955,10 +953,7 @@ def _check_received(out, expected, deserialized: bool) -> None:
 @contract_test()
 async def test_deserialize_flag(side, flag, kind):
     msg, expected = _message(kind)
-    if side == "listener":
-        kwargs = {"listener_deserialize": flag}
-    else:
-        kwargs = {"connector_deserialize": flag}
+    kwargs = {f"{'listener' if side == 'listener' else 'connector'}_deserialize": flag}
     async with comm_pair(**kwargs) as (client, server):
         sender, receiver = (client, server) if side == "listener" else (server, client)
         await bounded(sender.write(msg))
@@ -1101,7 +1096,7 @@ async def test_mixed_frame_sizes_in_one_message(comm_config):
             await bounded(a.write({"arrays": [to_serialize(x) for x in arrays]}))
             got = await bounded(b.read())
             assert len(got["arrays"]) == len(arrays)
-            for x, y in zip(arrays, got["arrays"]):
+            for x, y in zip(arrays, got["arrays"], strict=True):
                 assert y.shape == x.shape and np.array_equal(x, y)
 
 

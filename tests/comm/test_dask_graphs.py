@@ -18,10 +18,9 @@ import os
 import signal
 import time
 
+import dask
 import numpy as np
 import pytest
-
-import dask
 from distributed import Client, LocalCluster, wait
 from distributed.utils_test import gen_cluster
 
@@ -201,19 +200,17 @@ async def test_gen_cluster_scatter_gather_numpy(c, s, a, b, nbytes):
 @contextlib.contextmanager
 def _local_cluster(processes: bool, lci_config: dict | None = None):
     """A LocalCluster of two one-thread workers on PROTOCOL, and its client."""
-    with dask.config.set({**CLUSTER_CONFIG, **(lci_config or {})}):
-        with LocalCluster(
-            protocol=PROTOCOL,
-            host=HOST,
-            processes=processes,
-            n_workers=2,
-            threads_per_worker=1,
-            dashboard_address=":0",
-            scheduler_kwargs={"dashboard": False},
-        ) as cluster:
-            with Client(cluster, timeout=TIMEOUT) as client:
-                client.wait_for_workers(2, timeout=TIMEOUT)
-                yield cluster, client
+    with dask.config.set({**CLUSTER_CONFIG, **(lci_config or {})}), LocalCluster(
+        protocol=PROTOCOL,
+        host=HOST,
+        processes=processes,
+        n_workers=2,
+        threads_per_worker=1,
+        dashboard_address=":0",
+        scheduler_kwargs={"dashboard": False},
+    ) as cluster, Client(cluster, timeout=TIMEOUT) as client:
+        client.wait_for_workers(2, timeout=TIMEOUT)
+        yield cluster, client
 
 
 _THREAD_PROGRESS = {"distributed.comm.lci.progress": "thread", "distributed.comm.lci.ndevices": 2}
@@ -289,8 +286,8 @@ def _make_df(n=20_000, nkeys=97, seed=0):
 def test_local_cluster_dataframe_shuffle(lci_client, shuffle_method):
     cluster, client = lci_client
     _assert_lci_cluster(cluster, client)
-    import pandas as pd
     import dask.dataframe as dd
+    import pandas as pd
 
     pdf = _make_df()
     ddf = dd.from_pandas(pdf, npartitions=8)

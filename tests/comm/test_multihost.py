@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 import pytest
+from cli_cluster import CALL_TIMEOUT, Procs, start_cluster
 from distributed import Client
 
-from cli_cluster import CALL_TIMEOUT, Procs, start_cluster
 from dask_lcicomm import connections
 from dask_lcicomm.testing.netns import unavailable, virtual_hosts
 

@@ -75,7 +75,7 @@ def test_attach_refuses_unsealed_memory():
 def test_attach_refuses_a_size_other_than_announced():
     fd, _ = create(Layout(PAGE, PAGE, 1))
     try:
-        with pytest.raises(SegmentError, match="has .* bytes, its layout says"):
+        with pytest.raises(SegmentError, match=r"has .* bytes, its layout says"):
             attach(fd, Layout(PAGE, 2 * PAGE, 1))
     finally:
         os.close(fd)
