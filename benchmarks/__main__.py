@@ -1,12 +1,15 @@
 """Command line:
 
-* ``python -m benchmarks comm [--quick] [--schemes lci,tcp,ucxx] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks comm [--quick] [--schemes lci,tcp,ucxx] [--baseline PATH] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT] [--plot DIR]``
-* ``python -m benchmarks dask [--quick] [--schemes lci,tcp,ucxx] [--json OUT] [--plot DIR]``
-* ``python -m benchmarks all [--quick] [--json OUT] [--plot DIR]``: comm, dask and
-  variants one after the other, then the targets
+* ``python -m benchmarks dask [--quick] [--schemes lci,tcp,ucxx] [--baseline PATH] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks all [--quick] [--baseline PATH] [--json OUT] [--plot DIR]``: comm, dask
+  and variants one after the other, then the targets
 * ``python -m benchmarks plot RESULTS.json --plot DIR``: draw a saved run again
 * ``python -m benchmarks asap [--quick] --json OUT [--plot DIR]`` (see ``benchmarks/asap.py``)
+
+``--baseline PATH`` adds ``lci@baseline``: lci as built in PATH (``pip install --no-deps
+--target PATH <checkout>``), every process of it importing dask_lcicomm from there.
 
 This is the only layer that prints: progress bars go to stderr (so that stdout
 holds just the tables and can be redirected), the tables to stdout.
@@ -65,6 +68,16 @@ def _schemes_option(command: argparse.ArgumentParser, dest: str = "selection") -
                          "one that is not installed shows as such in the tables)")
 
 
+def _baseline_option(command: argparse.ArgumentParser) -> None:
+    from benchmarks._harness import BASELINE_BUILD
+
+    command.add_argument("--baseline", metavar="PATH",
+                         help=f"also measure {BASELINE_BUILD}: lci as built in PATH by "
+                         "'pip install --no-deps --target PATH <checkout>' (an earlier commit), "
+                         "every process of it importing dask_lcicomm from PATH; adds the ratio "
+                         f"lci/{BASELINE_BUILD}")
+
+
 def _variants_option(command: argparse.ArgumentParser, dest: str = "selection") -> None:
     from benchmarks.variants import VARIANT_NAMES
 
@@ -89,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
                     quick_help="tiny budgets and 1 round: a smoke run of about half a minute",
                     rounds_help="rounds per scheme (default: 5, quick: 1)")
     _schemes_option(comm)
+    _baseline_option(comm)
     variants = commands.add_parser(
         "variants",
         help="ablation: lci with one knob switched, vs default lci and tcp",
@@ -129,6 +143,7 @@ def _dask_command(commands: argparse._SubParsersAction) -> None:
                     quick_help="small graphs and 1 round: a smoke run of under a minute",
                     rounds_help="rounds per configuration (default: 3, quick: 1)")
     _schemes_option(command)
+    _baseline_option(command)
 
 
 def _all_command(commands: argparse._SubParsersAction) -> None:
@@ -141,6 +156,7 @@ def _all_command(commands: argparse._SubParsersAction) -> None:
     )
     _output_options(command, quick_help="every command's --quick: a smoke run")
     _schemes_option(command, dest="schemes")
+    _baseline_option(command)
     _variants_option(command, dest="variants")
 
 
@@ -157,17 +173,24 @@ def _plot_command(commands: argparse._SubParsersAction) -> None:
 #: What ``all`` runs, in this order.
 ALL_COMMANDS = ("comm", "dask", "variants")
 
+#: The commands that take ``--baseline`` (``all`` hands it to these).
+BASELINE_COMMANDS = ("comm", "dask")
+
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _make_config(module: ModuleType, args: argparse.Namespace, selection: Any,
+def _make_config(command: str, args: argparse.Namespace, selection: Any,
                  parser: argparse.ArgumentParser) -> Any:
     """The command's run configuration; a bad selection is a usage error."""
+    extra: dict[str, Any] = {}
+    if command in BASELINE_COMMANDS and args.baseline is not None:
+        extra["baseline"] = args.baseline
     try:
-        return module.make_config(selection, args.quick, getattr(args, "rounds", None),
-                                  getattr(args, "benchmarks", None))
+        return _command_module(command).make_config(
+            selection, args.quick, getattr(args, "rounds", None), getattr(args, "benchmarks", None),
+            **extra)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -189,10 +212,10 @@ def _measure(command: str, config: Any, progress: ProgressBar
             "failed": len(report.failures())}, verdicts
 
 
-def _run(module: ModuleType, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run one command's benchmarks, print its table, optionally write JSON
     and figures; exit status 1 if any round failed."""
-    config = _make_config(module, args, args.selection, parser)
+    config = _make_config(args.command, args, args.selection, parser)
     with ProgressBar() as progress:
         data, _ = _measure(args.command, config, progress)
     _write(args, data)
@@ -204,7 +227,7 @@ def _run_all(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     bad selection stops the run before anything is measured), then all the
     targets in one table."""
     selections = {"comm": args.schemes, "dask": args.schemes, "variants": args.variants}
-    configs = {command: _make_config(_command_module(command), args, selections[command], parser)
+    configs = {command: _make_config(command, args, selections[command], parser)
                for command in ALL_COMMANDS}
     data: dict[str, Any] = {"command": "all"}
     verdicts: list[Verdict] = []
@@ -263,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "all":
             return _run_all(args, parser)
-        return _run(_command_module(args.command), args, parser)
+        return _run(args, parser)
     except KeyboardInterrupt:
         _progress("interrupted; peer processes were stopped")
         return 130

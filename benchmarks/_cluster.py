@@ -15,6 +15,7 @@ function the parent chose, until the parent closes the pipe;
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -64,6 +65,8 @@ def _serve_cluster(
 
     with _local_cluster(scheme, n_workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(n_workers, timeout=timeout_s)
+        if scheme != INPROC:
+            _check_same_backend(client, scheme)
         conn.send(("ready", workers(client)))
         while (request := _next_request(conn)) is not None:
             conn.send(answer(client, request))
@@ -79,6 +82,26 @@ def _local_cluster(scheme: str, n_workers: int) -> Any:
     if scheme == INPROC:
         return LocalCluster(processes=False, **common)
     return LocalCluster(protocol=scheme, processes=True, **common)
+
+
+def backend_file(scheme: str) -> str | None:
+    """Where this process loaded the comm backend of ``scheme`` from."""
+    from distributed.comm.registry import get_backend
+
+    return sys.modules[type(get_backend(scheme)).__module__].__file__
+
+
+def _check_same_backend(client: Any, scheme: str) -> None:
+    """The workers, started by nannies in processes of their own, run the
+    very build of the backend that this process (scheduler and client) runs:
+    a cluster mixing two builds (e.g. ``lci@baseline`` workers that found the
+    current checkout first) would measure neither."""
+    ours = backend_file(scheme)
+    strays = {worker: path for worker, path in client.run(backend_file, scheme).items()
+              if path != ours}
+    if strays:
+        raise RuntimeError(f"workers loaded the {scheme}:// backend from elsewhere than their "
+                           f"cluster ({ours}): {strays}")
 
 
 def workers(client: Any) -> list[str]:
@@ -104,18 +127,22 @@ def started_cluster(
     startup_timeout_s: float,
     label: str | None = None,
     dask_config: Mapping[str, Any] | None = None,
+    pythonpath: str | None = None,
 ) -> Iterator[tuple[Peer, list[str]]]:
     """The child running the cluster, and its workers once they are all up.
 
-    ``dask_config`` reaches every process of the cluster; ``label`` names the
-    child in errors (default: the scheme).  Raises
+    ``dask_config`` reaches every process of the cluster, and so does
+    ``pythonpath`` (searched first for modules, see
+    :func:`~benchmarks._procs.spawned`); the workers are checked to run the
+    child's build of the backend.  ``label`` names the child in errors
+    (default: the scheme).  Raises
     :class:`~benchmarks._procs.PeerError` if the cluster does not come up
     within ``startup_timeout_s``; the child and its workers are stopped on
     exit in every case.
     """
     with spawned(
         cluster_main, scheme, N_WORKERS, startup_timeout_s / 2, answer,  # child times out first
-        name=f"{label or scheme}-cluster", dask_config=dask_config,
+        name=f"{label or scheme}-cluster", dask_config=dask_config, pythonpath=pythonpath,
         daemon=False,  # it starts worker processes
     ) as cluster:
         yield cluster, expect(cluster, "ready", startup_timeout_s)

@@ -33,16 +33,20 @@ a callback, and the formatting helpers return strings; the CLI prints.
 from __future__ import annotations
 
 import datetime
+import importlib.util
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import ExitStack, closing
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from time import monotonic
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import distributed
 import numpy
@@ -51,7 +55,7 @@ from distributed.comm.registry import get_backend
 
 from benchmarks._comm_peers import BenchSpec, Measurement, client_main, server_main
 from benchmarks._idle import IDLE_KIND, measure_idle
-from benchmarks._procs import Peer, PeerError, expect, receive, spawned
+from benchmarks._procs import Peer, PeerError, expect, receive, report_origin, spawned
 from benchmarks._progress import SILENT, Progress
 
 MiB = 2**20
@@ -66,18 +70,22 @@ _SLACK_S = {True: 15.0, False: 60.0}  # keyed by ``quick``
 #: Prefix of the environment variables that configure the lci:// backend.
 LCI_ENV_PREFIX = "DASK_DISTRIBUTED__COMM__LCI__"
 
+#: What a suite sends its measuring process for one benchmark: a
+#: :class:`BenchSpec` here, a frozen dataclass of the suite's own elsewhere.
+SpecT = TypeVar("SpecT")
+
 
 # -------------------------------------------------------------------- metrics
 
 
 @dataclass(frozen=True)
-class Metric:
+class Metric(Generic[SpecT]):
     """How to turn a raw :class:`Measurement` into a reported number."""
 
     key: str
     unit: str
     higher_is_better: bool
-    compute: Callable[[Measurement, BenchSpec], float]
+    compute: Callable[[Measurement, SpecT], float]
 
 
 def _per_second(m: Measurement, spec: BenchSpec) -> float:
@@ -117,7 +125,7 @@ IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False, _cpu_seconds
 
 
 @dataclass(frozen=True)
-class Benchmark:
+class Benchmark(Generic[SpecT]):
     """What the client measures (``spec``) and how the tables report it;
     the first metric is the benchmark's headline number.
 
@@ -126,8 +134,8 @@ class Benchmark:
     the JSON via :func:`dataclasses.asdict`).
     """
 
-    spec: BenchSpec
-    metrics: tuple[Metric, ...]
+    spec: SpecT
+    metrics: tuple[Metric[SpecT], ...]
 
 
 @dataclass(frozen=True)
@@ -137,14 +145,14 @@ class _Plan:
     name: str
     kind: str
     payload_bytes: int
-    metrics: tuple[Metric, ...]
+    metrics: tuple[Metric[BenchSpec], ...]
     duration_s: tuple[float, float]
     max_count: tuple[int, int]
     warmup: tuple[int, int]
     comms: int = 1
     settle_s: tuple[float, float] = (0.0, 0.0)
 
-    def build(self, quick: bool, duration_scale: float = 1.0) -> Benchmark:
+    def build(self, quick: bool, duration_scale: float = 1.0) -> Benchmark[BenchSpec]:
         """The benchmark for one budget; ``duration_scale`` shortens the timed
         window (not the count caps) when a run has many configurations."""
         pick = 0 if quick else 1
@@ -223,7 +231,9 @@ def family(name: str) -> str:
 @dataclass(frozen=True)
 class Configuration:
     """One contender: ``scheme`` with ``dask_config`` (dotted keys) set in
-    each of its peer processes.
+    each of its peer processes, which look for modules in ``pythonpath``
+    first if one is given (another build of the backend, see
+    :func:`baseline_build`).
 
     ``label`` identifies it in rounds, tables and JSON, so it must be unique
     within a run.  The overrides are a tuple of pairs to keep the object
@@ -233,6 +243,7 @@ class Configuration:
     label: str
     scheme: str
     dask_config: tuple[tuple[str, Any], ...] = ()
+    pythonpath: str | None = None
 
     @classmethod
     def of_scheme(cls, scheme: str) -> Configuration:
@@ -244,6 +255,39 @@ class Configuration:
         return dict(self.dask_config)
 
 
+#: The package a baseline build replaces in its processes.
+PACKAGE = "dask_lcicomm"
+
+#: The label of lci as built elsewhere (``--baseline``).
+BASELINE_BUILD = "lci@baseline"
+
+
+def baseline_build(path: str | os.PathLike[str]) -> Configuration:
+    """``lci`` without overrides, all of whose processes import
+    :data:`PACKAGE` from ``path``: a directory holding another build of it,
+    as ``pip install --no-deps --target PATH <checkout>`` makes one.  Raises
+    :class:`ValueError` if ``path`` holds no such package (a user error)."""
+    directory = Path(path).resolve()
+    if not (directory / PACKAGE / "__init__.py").is_file():
+        raise ValueError(f"baseline {path}: no {PACKAGE} package in it (make one with "
+                         f"pip install --no-deps --target {path} <checkout>)")
+    return Configuration(BASELINE_BUILD, "lci", pythonpath=str(directory))
+
+
+def with_baseline_build(
+    configurations: Sequence[Configuration], path: str | os.PathLike[str] | None
+) -> list[Configuration]:
+    """``configurations`` plus :func:`baseline_build` of ``path`` right after
+    the plain lci one (last if there is none); unchanged without ``path``."""
+    result = list(configurations)
+    if path is None:
+        return result
+    labels = [c.label for c in result]
+    result.insert(labels.index("lci") + 1 if "lci" in labels else len(result),
+                  baseline_build(path))
+    return result
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run; recorded verbatim in the JSON output."""
@@ -251,7 +295,7 @@ class RunConfig:
     configurations: tuple[Configuration, ...]
     rounds: int
     quick: bool
-    benchmarks: tuple[Benchmark, ...]
+    benchmarks: tuple[Benchmark[Any], ...]  # of one suite, so of one spec type
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -333,22 +377,65 @@ def probe_configurations(configurations: Sequence[Configuration]) -> dict[str, S
     of its own: a server peer with the overrides has to come up listening.
     A setting the backend rejects (a provider it does not ship) thus marks
     its configuration "unavailable" before the run instead of failing every
-    round.  The servers start all at once, so probing costs one start-up.
+    round.  A configuration with a ``pythonpath`` (another build) must also
+    come up, and a child of it must report :data:`PACKAGE` imported from
+    there (:func:`_build_status`).  The children start all at once, so
+    probing costs one start-up.
     """
     status = {c.label: probe_scheme(c.scheme) for c in configurations}
-    to_start = [c for c in configurations if c.dask_config and status[c.label].available]
+    to_start = [c for c in configurations
+                if (c.dask_config or c.pythonpath) and status[c.label].available]
     with ExitStack() as stack:
         servers = {
             c.label: stack.enter_context(spawned(server_main, c.scheme, name=f"{c.label}-probe",
-                                                 dask_config=c.overrides))
+                                                 dask_config=c.overrides,
+                                                 pythonpath=c.pythonpath))
             for c in to_start
+        }
+        builds = {
+            c.label: (c.pythonpath, stack.enter_context(
+                spawned(report_origin, PACKAGE, name=f"{c.label}-origin", pythonpath=c.pythonpath)))
+            for c in to_start if c.pythonpath
         }
         for label, server in servers.items():
             try:
                 _await_server(server)
             except PeerError as exc:
                 status[label] = SchemeStatus(False, "unavailable", f"rejected at start-up: {exc}")
+        for label, (path, child) in builds.items():
+            if status[label].available:
+                status[label] = _build_status(path, child)
     return status
+
+
+def _build_status(path: str, child: Peer) -> SchemeStatus:
+    """Available if ``child`` (started with ``path`` first on its module
+    path) imported :data:`PACKAGE` from ``path``; the detail says from where,
+    and what the build was made of."""
+    try:
+        origin = Path(expect(child, "origin", STARTUP_TIMEOUT_S)).resolve().parent
+    except PeerError as exc:
+        return SchemeStatus(False, "unavailable", f"no {PACKAGE} from {path}: {exc}")
+    if not origin.is_relative_to(Path(path).resolve()):
+        return SchemeStatus(False, "unavailable", f"{PACKAGE} imported from {origin}, not {path}")
+    source = _build_source(path)
+    return SchemeStatus(True, "ok", f"{PACKAGE} from {origin}" + (f" ({source})" if source else ""))
+
+
+def _build_source(path: str) -> str | None:
+    """The checkout ``pip install --target path`` built from, as its record
+    says, at its current revision (if it is a git work tree still)."""
+    for record in sorted(Path(path).glob(f"{PACKAGE.replace('_', '?')}-*.dist-info/direct_url.json")):
+        try:
+            url = json.loads(record.read_text())["url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not url.startswith("file://"):
+            return f"built from {url}"
+        checkout = urllib.parse.unquote(url.removeprefix("file://"))
+        revision = _source_revision(checkout) if os.path.isdir(checkout) else "unknown"
+        return f"built from {checkout}, now at {revision}"
+    return None
 
 
 # -------------------------------------------------------------------- running
@@ -498,11 +585,12 @@ def _comm_answers(
     """Each spec with the client's report on it, from a server and a client
     process that both have the configuration's overrides (each side reads its
     own knobs); both are torn down when the generator finishes or is closed."""
-    label, overrides = configuration.label, configuration.overrides
+    label, overrides, path = configuration.label, configuration.overrides, configuration.pythonpath
     with (
         spawned(server_main, configuration.scheme, name=f"{label}-server",
-                dask_config=overrides) as server,
-        spawned(client_main, name=f"{label}-client", dask_config=overrides) as client,
+                dask_config=overrides, pythonpath=path) as server,
+        spawned(client_main, name=f"{label}-client", dask_config=overrides,
+                pythonpath=path) as client,
     ):
         client.conn.send((_await_server(server), specs))
         deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
@@ -543,6 +631,7 @@ def _run_idle(spec: BenchSpec, configuration: Configuration, round_index: int) -
         measurement = measure_idle(
             configuration.scheme, spec, STARTUP_TIMEOUT_S,
             dask_config=configuration.overrides, label=label,
+            pythonpath=configuration.pythonpath,
         )
     except PeerError as exc:
         return Outcome(spec.name, label, round_index, error=str(exc))
@@ -631,7 +720,9 @@ def medians_table(
     labels = report.config.labels
     head = [*header, *(f"{label}{unit}" for label in labels),
             *(f"{label}/{baseline}" for label, baseline in ratio_pairs)]
-    rows, rules, previous = [], [1], None
+    rows: list[list[str]] = []
+    rules = [1]
+    previous: str | None = None
     for bench in report.config.benchmarks:
         if previous is not None and group(bench) != previous:
             rules.append(len(rows) + 1)
@@ -678,9 +769,23 @@ def common_footnotes(report: Report, explanations: Sequence[str] = ()) -> list[s
         "Units: higher is better unless marked; MiB/s counts both directions "
         "(2 * payload * round trips / s); pingpong payloads are random bytes.",
         *explanations,
+        *build_notes(report),
         machine_note(report),
     ]
     return notes + problem_notes(report)
+
+
+def build_notes(report: Report) -> list[str]:
+    """Which build of :data:`PACKAGE` each configuration with a
+    ``pythonpath`` ran, as a child of it reported (see
+    :func:`probe_configurations`)."""
+    return [
+        f"{c.label}: {report.status[c.label].detail}, in every process of it (peers; "
+        f"clusters and their workers); the other configurations: {PACKAGE} from "
+        f"{report.environment.get(PACKAGE, 'unknown')}."
+        for c in report.config.configurations
+        if c.pythonpath and report.status[c.label].available
+    ]
 
 
 def machine_note(report: Report) -> str:
@@ -784,6 +889,7 @@ def _environment() -> dict[str, Any]:
         "distributed": distributed.__version__,
         "numpy": numpy.__version__,
         "source": _source_revision(),
+        PACKAGE: _package_dir(),
         "lci_settings": _lci_settings(),
         "argv": sys.argv,
         "inherited_lci_env": {k: v for k, v in os.environ.items() if k.startswith(LCI_ENV_PREFIX)},
@@ -810,12 +916,22 @@ def _lci_settings() -> dict[str, Any] | str:
         return _one_line(exc)
 
 
-def _source_revision() -> str:
-    """The commit of the code measured, marked ``-dirty`` when the work tree
-    differs from it: numbers of uncommitted code are not the commit's."""
+def _package_dir() -> str:
+    """Where this process (and every configuration without a ``pythonpath``)
+    finds :data:`PACKAGE`."""
+    spec = importlib.util.find_spec(PACKAGE)
+    origin = spec.origin if spec else None
+    return os.path.dirname(origin) if origin else "unknown"
+
+
+def _source_revision(where: str | None = None) -> str:
+    """The commit of the code in ``where`` (default: the code measured),
+    marked ``-dirty`` when the work tree differs from it: numbers of
+    uncommitted code are not the commit's."""
     try:
         done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, timeout=10, cwd=os.path.dirname(__file__))
+                              text=True, timeout=10,
+                              cwd=where or os.path.dirname(__file__))
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return done.stdout.strip() or "unknown"

@@ -50,11 +50,13 @@ def measure_idle(
     startup_timeout_s: float,
     dask_config: Mapping[str, Any] | None = None,
     label: str | None = None,
+    pythonpath: str | None = None,
 ) -> Measurement:
     """Start a cluster on ``scheme``, let it settle, measure its idle CPU time.
 
     ``dask_config`` reaches every process of the cluster (a configuration
-    variant); ``label`` names the child process in errors (default: scheme).
+    variant), and so does ``pythonpath`` (another build: modules found there
+    first); ``label`` names the child process in errors (default: scheme).
 
     Bounded in wall time by ``startup_timeout_s + spec.timeout_s`` plus the
     teardown of :func:`benchmarks._procs.spawned`, which also stops the
@@ -63,7 +65,8 @@ def measure_idle(
     restart would make the CPU time meaningless).
     """
     with started_cluster(
-        scheme, answer_workers, startup_timeout_s, label=label, dask_config=dask_config
+        scheme, answer_workers, startup_timeout_s, label=label, dask_config=dask_config,
+        pythonpath=pythonpath,
     ) as (cluster, workers_before):
         deadline = monotonic() + spec.timeout_s
         time.sleep(spec.settle_s)

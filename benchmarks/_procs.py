@@ -10,8 +10,11 @@ processes it started itself (e.g. the workers of a ``LocalCluster``).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
+import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,13 +50,15 @@ def spawned(
     name: str,
     daemon: bool = True,
     dask_config: Mapping[str, Any] | None = None,
+    pythonpath: str | None = None,
 ) -> Iterator[Peer]:
     """Run ``target(conn, *args)`` in a fresh process for the ``with`` body.
 
     The child gets its end of a duplex pipe as first argument, and
     ``dask_config`` (dotted keys) on top of its Dask configuration (see
-    :func:`_with_dask_config`).  On exit, the
-    parent's end is closed first (peers treat EOF as "stop"), then the process
+    :func:`_with_dask_config`); with ``pythonpath``, it and every process it
+    starts look for modules there first (see :func:`_modules_first_from`).
+    On exit, the parent's end is closed first (peers treat EOF as "stop"), then the process
     is joined with increasingly forceful means, and finally whatever it had
     started and left behind is stopped too: a peer killed mid-way cannot clean
     up its own children.  Pass ``daemon=False`` for a peer that starts
@@ -64,7 +69,8 @@ def spawned(
         target=_with_dask_config, args=(dict(dask_config or {}), target, child_conn, *args),
         name=name, daemon=daemon,
     )
-    process.start()
+    with _modules_first_from(pythonpath):
+        process.start()
     child_conn.close()  # only the child holds it now, so EOF is seen on its death
     try:
         yield Peer(process, parent_conn)
@@ -73,6 +79,48 @@ def spawned(
         parent_conn.close()
         _stop(process)
         _stop_all(descendants)
+
+
+@contextmanager
+def _modules_first_from(path: str | None) -> Iterator[None]:
+    """Make a process started in the body look for modules in ``path`` first.
+
+    A ``spawn``-ed child gets its module path twice: the interpreter starts
+    with ``PYTHONPATH`` from its environment, then ``multiprocessing``
+    replaces ``sys.path`` with the copy of the parent's that ``start()``
+    took -- before it imports the parent's ``__main__`` again (which may
+    import the backend) and unpickles the target.  So ``PYTHONPATH`` alone
+    is overwritten, and changing ``sys.path`` in the child comes too late:
+    both are set here for the duration of ``start()``, then restored.  The
+    child's own children (a ``LocalCluster``'s workers, spawned by their
+    nannies) inherit both from it.
+    """
+    if path is None:
+        yield
+        return
+    saved_env = os.environ.get("PYTHONPATH")
+    saved_path = list(sys.path)
+    os.environ["PYTHONPATH"] = os.pathsep.join([path, saved_env] if saved_env else [path])
+    sys.path.insert(0, path)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved_env
+
+
+def report_origin(conn: Connection, module: str) -> None:
+    """Child target: send ``("origin", <module>.__file__)``, or the import
+    error as ``("failed", reason)``: where this process found ``module``."""
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:
+        send_quietly(conn, ("failed", f"{type(exc).__name__}: {exc}"))
+    else:
+        send_quietly(conn, ("origin", imported.__file__))
 
 
 def _with_dask_config(

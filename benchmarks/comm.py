@@ -8,18 +8,22 @@ the LCI paper's microbenchmarks on Dask's Comm API.
 * idle: the CPU time an idle ``LocalCluster`` burns.
 
 The special case of :mod:`benchmarks._harness` where every configuration is a
-plain scheme, with whatever environment the harness itself was started in.
-The table has one row per benchmark metric and one column per scheme, plus
-``<scheme>/tcp`` ratio columns and ``lci/ucxx`` when both take part.
+plain scheme, with whatever environment the harness itself was started in --
+plus, with ``baseline``, lci as built in another directory (``lci@baseline``,
+see :func:`benchmarks._harness.baseline_build`).  The table has one row per
+benchmark metric and one column per configuration, plus ``<label>/tcp``
+ratio columns, ``lci/lci@baseline`` and ``lci/ucxx`` when both take part.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from benchmarks._comm_peers import BenchSpec
 from benchmarks._harness import (
+    BASELINE_BUILD,
     BENCHMARK_NAMES,
     IDLE_PER_S,
     Configuration,
@@ -29,6 +33,7 @@ from benchmarks._harness import (
     make_run_config,
     medians_table,
     unit_label,
+    with_baseline_build,
 )
 from benchmarks._harness import run as _run
 from benchmarks._harness import to_json as _to_json
@@ -45,8 +50,9 @@ BASELINE = "tcp"
 #: the ``ucx`` extra is missing.
 DEFAULT_SCHEMES = ("lci", "tcp", "ucxx")
 
-#: Ratio columns beyond ``<x>/tcp``: the comparisons the project is judged on.
-_EXTRA_PAIRS = (("lci", "ucxx"),)
+#: Ratio columns beyond ``<x>/tcp``: this build against an earlier one, and
+#: the comparisons the project is judged on.
+_EXTRA_PAIRS = (("lci", BASELINE_BUILD), ("lci", "ucxx"))
 
 
 def make_config(
@@ -54,11 +60,15 @@ def make_config(
     quick: bool = False,
     rounds: int | None = None,
     only: Iterable[str] | None = None,
+    baseline: str | os.PathLike[str] | None = None,
 ) -> RunConfig:
     """One configuration per scheme (de-duplicated, order kept; default
-    :data:`DEFAULT_SCHEMES`); 5 rounds, or 1 with ``quick``."""
+    :data:`DEFAULT_SCHEMES`), plus ``lci@baseline`` (lci built in the
+    directory ``baseline``) if given; 5 rounds, or 1 with ``quick``."""
     return make_run_config(
-        [Configuration.of_scheme(s) for s in dict.fromkeys(schemes or DEFAULT_SCHEMES)],
+        with_baseline_build(
+            [Configuration.of_scheme(s) for s in dict.fromkeys(schemes or DEFAULT_SCHEMES)],
+            baseline),
         quick=quick,
         rounds=rounds or (1 if quick else 5),
         only=only,
@@ -72,7 +82,8 @@ def run(config: RunConfig, progress: Progress = SILENT) -> Report:
 
 def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     """``(label, baseline)`` of every ratio column: each label against tcp
-    (if tcp takes part), then lci against ucxx (if both do)."""
+    (if tcp takes part), then lci against lci@baseline and against ucxx (if
+    both of a pair do)."""
     pairs = [(label, BASELINE) for label in labels if BASELINE in labels and label != BASELINE]
     pairs.extend(pair for pair in _EXTRA_PAIRS if set(pair) <= set(labels))
     return pairs

@@ -26,6 +26,7 @@ about 8 minutes; ``--quick`` (one round, small sizes) well under a minute.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -51,11 +52,13 @@ from benchmarks._harness import (
     Outcome,
     Report,
     RunConfig,
+    build_notes,
     check_selection,
     machine_note,
     medians_table,
     problem_notes,
     report_answers,
+    with_baseline_build,
 )
 from benchmarks._harness import run as _run
 from benchmarks._harness import to_json as _to_json
@@ -146,7 +149,7 @@ GRAPH_NAMES = tuple(g.name for g in GRAPHS)
 _BY_NAME = {g.name: g for g in GRAPHS}
 
 
-def _seconds(m: Measurement, spec: Any) -> float:
+def _seconds(m: Measurement, spec: GraphSpec) -> float:
     return m.seconds
 
 
@@ -158,12 +161,15 @@ def make_config(
     quick: bool = False,
     rounds: int | None = None,
     only: Iterable[str] | None = None,
+    baseline: str | os.PathLike[str] | None = None,
 ) -> RunConfig:
     """One configuration per scheme (de-duplicated, order kept; default
-    those of ``comm``), then the ``inproc`` reference; 3 rounds, or 1 with
-    ``quick``."""
-    names = [s for s in dict.fromkeys(schemes or DEFAULT_SCHEMES) if s != INPROC] + [INPROC]
-    configurations = [Configuration.of_scheme(s) for s in names]
+    those of ``comm``), ``lci@baseline`` (lci built in the directory
+    ``baseline``, whose clusters' processes all import it from there) if
+    given, then the ``inproc`` reference; 3 rounds, or 1 with ``quick``."""
+    names = [s for s in dict.fromkeys(schemes or DEFAULT_SCHEMES) if s != INPROC]
+    configurations = [*with_baseline_build([Configuration.of_scheme(s) for s in names], baseline),
+                      Configuration.of_scheme(INPROC)]
     rounds = rounds or DEFAULT_ROUNDS[not quick]
     wanted = check_selection(configurations, rounds, only, GRAPH_NAMES, GRAPH_NAMES)
     budget = QUICK if quick else FULL
@@ -210,8 +216,8 @@ def _graph_answers(
     """Each spec with the cluster child's report on it; the cluster is torn
     down when the generator finishes or is closed."""
     with started_cluster(configuration.scheme, answer_graph, STARTUP_TIMEOUT_S,
-                         label=configuration.label,
-                         dask_config=configuration.overrides) as (cluster, _):
+                         label=configuration.label, dask_config=configuration.overrides,
+                         pythonpath=configuration.pythonpath) as (cluster, _):
         for spec in specs:
             send_request(cluster, spec)
             yield spec, receive(cluster, spec.timeout_s)
@@ -225,7 +231,7 @@ def run(config: RunConfig, progress: Progress = SILENT) -> Report:
 # ----------------------------------------------------------------- reporting
 
 
-def time_ratio(report: Report, bench: Benchmark, label: str, baseline: str) -> float | None:
+def time_ratio(report: Report, bench: Benchmark[GraphSpec], label: str, baseline: str) -> float | None:
     """Median time of ``label`` over that of ``baseline``: <1 means ``label``
     is faster."""
     return report.quotient(bench, SECONDS, label, baseline)
@@ -242,12 +248,12 @@ def format_table(report: Report) -> str:
     return "\n".join([*lines, "", *_footnotes(report)])
 
 
-def kind(bench: Benchmark) -> str:
+def kind(bench: Benchmark[GraphSpec]) -> str:
     """:data:`BULK` or :data:`COMPUTE`."""
     return _BY_NAME[bench.spec.name].kind
 
 
-def describe(bench: Benchmark) -> str:
+def describe(bench: Benchmark[GraphSpec]) -> str:
     """What the graph does, at the size it ran."""
     return f"{kind(bench)}: {_BY_NAME[bench.spec.name].describe(bench.spec)}"
 
@@ -273,7 +279,7 @@ def _footnotes(report: Report) -> list[str]:
     ]
     if ratio_pairs(config.labels):
         notes.append("Ratios: <x>/<y> of the median times: <1 means <x> is faster.")
-    return [*notes, machine_note(report), *problem_notes(report)]
+    return [*notes, *build_notes(report), machine_note(report), *problem_notes(report)]
 
 
 def to_json(report: Report) -> dict[str, Any]:

@@ -20,12 +20,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m benchmarks <args> --json out --plot <out's folder>/figures``;
-    its process and JSON."""
+def run_cli(args: list[str], out: Path, timeout_s: float, plot: bool = True) -> dict[str, Any]:
+    """Run ``python -m benchmarks <args> --json out --plot <out's folder>/figures``
+    (without ``--plot`` if not ``plot``); its process and JSON."""
+    figures = ["--plot", str(out.parent / "figures")] if plot else []
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args, "--json", str(out),
-         "--plot", str(out.parent / "figures")],
+        [sys.executable, "-m", "benchmarks", *args, "--json", str(out), *figures],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
