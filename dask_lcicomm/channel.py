@@ -25,6 +25,9 @@ from dask_lcicomm.providers.registry import Provider, ProviderUnavailable
 
 logger = logging.getLogger(__name__)
 
+#: Seconds opened links wait for a comm when whoever asked for them gave up.
+GRACE = 2.0
+
 
 class Opener(Protocol):
     """How a channel gets its links (the parcelport)."""
@@ -57,6 +60,7 @@ class Channel:
         self._opening: asyncio.Task[None] | None = None
         self._pending = 0
         self._next_vc = 1
+        self._grace: asyncio.TimerHandle | None = None
 
     def start(self, host: str, port: int) -> None:
         """Begin connecting the links; :meth:`allocate` waits for them."""
@@ -80,7 +84,11 @@ class Channel:
         self.links = links
         for link in links:
             link.owner = self
-        self.link_idle(links[0])
+        if not self._pending:
+            # Everyone who asked gave up waiting (Dask's connect() retries
+            # after a deadline of its own): keep the links a moment for the
+            # retry instead of closing them now and opening them again.
+            self._grace = asyncio.get_running_loop().call_later(GRACE, self._maybe_close)
 
     async def _open_links(self, host: str, port: int) -> list[Link]:
         n = self._ndevices
@@ -120,8 +128,13 @@ class Channel:
         self._pending += 1
         try:
             await asyncio.shield(self._opening)
-        finally:
+        except BaseException:
             self._pending -= 1
+            if self._opening.done():
+                # Cancelled after the links were ready: nobody else may come.
+                self._maybe_close()
+            raise
+        self._pending -= 1
         if self.closed or not self.links:
             self._maybe_close()
             raise ConnectionResetError(f"channel to {self.key} closed while connecting")
@@ -155,6 +168,9 @@ class Channel:
             self._close()
 
     def _close(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
         self.closed = True
         links, self.links = self.links, []
         for link in links:

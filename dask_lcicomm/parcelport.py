@@ -250,17 +250,25 @@ class Parcelport:
         return link
 
     def finish(self, link: Link) -> None:
-        """Close ``link`` gracefully: flush, end output, wait for the peer's end."""
+        """Close ``link`` gracefully: what is queued is sent, then the output
+        ends and the link is closed. It closes at once when nothing is left to
+        send: waiting for the peer's end would need the event loop to keep
+        running, and a synchronous Client stops its loop right after closing.
+        Only a link with sends in flight lingers, for at most :data:`LINGER`."""
         if link.state not in (State.GREETING, State.OPEN):
             return
         link.advance(Step.FINISH)
         if link.timer is not None:
             link.timer.cancel()
-        link.timer = self.loop.call_later(LINGER, self._close, link)
+            link.timer = None
         try:
-            link.device.finish()
+            sent = link.device.finish()
         except OSError:
-            pass
+            sent = True
+        if sent:
+            self._close(link)
+        else:
+            link.timer = self.loop.call_later(LINGER, self._close, link)
 
     def _close(self, link: Link) -> None:
         """Close ``link`` now; its loss comes back as a completion, made

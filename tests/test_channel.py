@@ -8,6 +8,7 @@ import logging
 import dask
 import pytest
 from distributed.comm import connect, listen
+from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
 from dask_lcicomm.providers import shm
@@ -85,3 +86,40 @@ async def test_replicated_shm_devices_carry_comms_round_robin():
         assert sorted([await p.read() for p in peers]) == [0, 1, 2, 3]
     finally:
         await _close(listener, *comms, *peers)
+
+
+@gen_test(timeout=30)
+async def test_a_connect_that_gave_up_leaves_its_channel_for_the_retry(monkeypatch):
+    """Dask's connect() cancels an attempt after a fifth of its timeout and
+    tries again: the links the first attempt opened serve the second, and
+    close by themselves if nobody comes."""
+    from dask_lcicomm import channel as channel_module
+    from dask_lcicomm.parcelport import Parcelport
+
+    opened = []
+    original = Parcelport.bootstrap
+
+    async def slow_bootstrap(self, host, port, index):
+        opened.append(index)
+        await asyncio.sleep(0.3)
+        return await original(self, host, port, index)
+
+    monkeypatch.setattr(Parcelport, "bootstrap", slow_bootstrap)
+    monkeypatch.setattr(channel_module, "GRACE", 0.5)
+    with dask.config.set({"distributed.comm.lci.providers": ["tcp"]}):
+        async with listen("lci://127.0.0.1:0", lambda comm: comm.close()) as listener:
+            backend = get_backend("lci")
+            address = listener.contact_address.split("://")[1]
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(backend.get_connector().connect(address), 0.1)
+            await asyncio.sleep(0.4)
+            comm = await asyncio.wait_for(backend.get_connector().connect(address), 5)
+            assert opened == [0]
+            await comm.close()
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(backend.get_connector().connect(address), 0.1)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while Parcelport._ports.get(loop) is not None and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+    assert Parcelport._ports.get(asyncio.get_running_loop()) is None

@@ -217,14 +217,17 @@ class Device(ABC):
             self._want_write(self)
         return done
 
-    def finish(self) -> None:
-        """Send what is queued, then end the output; the peer closes in turn."""
+    def finish(self) -> bool:
+        """Send what is queued, then end the output; the peer closes in turn.
+        True when all was sent at once (progress sends the rest otherwise)."""
         with self._lock:
             if self._finishing or self._lost is not None:
-                return
+                return True
             self._finishing = True
         if self.flush():
             self._shutdown(both=False)
+            return True
+        return False
 
     def on_writable(self) -> bool:
         """Progress the send side; True when nothing is left to send."""

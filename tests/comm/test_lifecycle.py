@@ -13,7 +13,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from distributed import Client, Scheduler, Worker
+from distributed import Client, LocalCluster, Scheduler, Worker
 from distributed.comm import connect, listen
 from distributed.comm.core import CommClosedError
 from distributed.comm.registry import get_backend
@@ -255,3 +255,35 @@ async def test_numeric_addresses_connect_without_the_default_executor():
         await asyncio.get_running_loop().shutdown_default_executor()
         comm = await connect(listener.contact_address, timeout=5)
         await comm.close()
+
+
+def test_synchronous_clients_leave_nothing_behind():
+    """A synchronous Client stops its event loop right after closing: its
+    links must not wait for that loop to finish closing them."""
+    baseline = resources()
+    with _config(["shm", "tcp"]), LocalCluster(
+        processes=False, protocol="lci", n_workers=1, dashboard_address=":0"
+    ) as cluster:
+        with Client(cluster.scheduler_address) as client:
+            assert client.submit(abs, -1).result() == 1
+        # The cluster's own comms (opened by the first computation) stay.
+        time.sleep(0.5)
+        after_first = resources()
+
+        def no_more_than_after_first() -> bool:
+            now = resources()
+            return all(now[key] <= after_first[key] for key in ("fds", "segments mapped"))
+
+        for i in range(3):
+            with Client(cluster.scheduler_address) as client:
+                assert client.submit(abs, -i).result() == i
+        deadline = time.monotonic() + 5
+        while not no_more_than_after_first() and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
+        assert no_more_than_after_first(), (resources(), after_first)
+    deadline = time.monotonic() + 5
+    while resources() != baseline and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert resources() == baseline
