@@ -40,7 +40,8 @@ up to the next non-empty frame without SHARE; empty frames belong to no group
 and are received as empty views. Each group is received into a buffer of its
 own, its frames back to back, so that releasing one object frees its memory
 whatever became of the others (the sender groups frames as Dask's tcp comm
-does, see :func:`shares_buffer`). A group is all eager or all bulk.
+does, except that an object above the eager threshold never shares the
+header's buffer, see :func:`shares_buffer`). A group is all eager or all bulk.
 
 The bulk groups of a parcel follow it in order, before the next parcel of the
 same virtual connection: each either as one PLACED record, or as the
@@ -56,6 +57,7 @@ checked against :class:`Limits` before anything is allocated from it.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -226,7 +228,9 @@ def _buffer(frame: Buffer) -> object:
     return frame.obj if isinstance(frame, memoryview) else frame
 
 
-def _plan(frames: Sequence[Buffer]) -> tuple[list[Buffer], list[int], list[int]]:
+def _plan(
+    frames: Sequence[Buffer], join_limit: float = math.inf
+) -> tuple[list[Buffer], list[int], list[int]]:
     """How ``frames`` are received: the frames as flat bytes (``bytes`` frames
     as they are, the others as byte views), their sizes, and the index of the
     first frame of each group. Every other non-empty frame shares the receive
@@ -239,8 +243,11 @@ def _plan(frames: Sequence[Buffer]) -> tuple[list[Buffer], list[int], list[int]]
       (``.obj`` of a memoryview, else the frame itself) is ``bytes`` are
       header-like; the first other buffer joins them if the bytes before it
       total at most ``max(2048, 0.05 * n)``, ``n`` the size of its frame, and
-      so do later frames of that same buffer (its shards) and header-like
-      frames; the first frame of another non-``bytes`` buffer ends the group;
+      that frame is at most ``join_limit`` (the sender's eager threshold: a
+      larger object gets a buffer, or a shared-memory pool block, of exactly
+      its own size), and so do later frames of that same buffer (its shards)
+      and header-like frames; the first frame of another non-``bytes``
+      buffer ends the group;
     * or when its buffer is that of the previous non-empty frame (shards of
       one object, which Dask joins without a copy when they lie back to back).
     """
@@ -260,7 +267,7 @@ def _plan(frames: Sequence[Buffer]) -> tuple[list[Buffer], list[int], list[int]]
         buffer: object = frame.obj if isinstance(frame, memoryview) else frame
         if not isinstance(buffer, bytes):
             if first is None:
-                if header > 2048 and header > n * 0.05:
+                if (header > 2048 and header > n * 0.05) or n > join_limit:
                     break
                 first = buffer
             elif buffer is not first:
@@ -301,14 +308,15 @@ def _plan(frames: Sequence[Buffer]) -> tuple[list[Buffer], list[int], list[int]]
     return views, sizes, starts
 
 
-def shares_buffer(frames: Sequence[Buffer]) -> list[bool]:
+def shares_buffer(frames: Sequence[Buffer], join_limit: float = math.inf) -> list[bool]:
     """For each frame, whether the receiver puts it into the buffer of the
     previous non-empty frame (never for an empty frame or the first non-empty
     one); every other non-empty frame starts a buffer of its own.
 
-    The rule is Dask's tcp comm's, plus shards: see :func:`_plan`.
+    The rule is Dask's tcp comm's, plus shards, and no object larger than
+    ``join_limit`` shares the header's buffer: see :func:`_plan`.
     """
-    _, sizes, starts = _plan(frames)
+    _, sizes, starts = _plan(frames, join_limit)
     own = set(starts)
     return [bool(n) and index not in own for index, n in enumerate(sizes)]
 
@@ -355,7 +363,7 @@ class OutgoingParcel:
                 f"a message of {nframes} frames exceeds the peer's limits"
                 f" ({max_frames} frames, {eager_budget} eager bytes)"
             )
-        views, sizes, starts = _plan(frames)
+        views, sizes, starts = _plan(frames, eager_threshold)
         nbytes = sum(sizes)
         if nbytes > max_message_bytes or nbytes >= SHARE:
             raise MessageTooLarge(

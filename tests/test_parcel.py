@@ -389,7 +389,7 @@ def build_stream(plan, eager_threshold, fragment_size, rng=None, hello=None, pla
                 chosen = [g for g in range(len(p.bulk_groups)) if place.random() < 0.5]
                 s.placed += len(s.pool.place(p, chosen))
             current[vc] = (p, seqs[vc], [flat(f) for f in frames])
-            s.shares[vc, seqs[vc]] = shares_buffer(frames)
+            s.shares[vc, seqs[vc]] = shares_buffer(frames, eager_threshold)
             seqs[vc] += 1
         p, seq, frames = current[vc]
         assert not p.done
@@ -1484,13 +1484,13 @@ def test_eager_budget_is_spent_group_by_group():
     limits = Limits(max_eager_bytes=budget)
     msg = decode_one(ParcelDecoder(limits=limits), encode_parcel_with(frames, 100, 100, eager_budget=budget))
     assert [bytes(f) for f in msg.frames] == [flat(f) for f in frames]
-    check_buffers(msg.frames, shares_buffer(frames))
+    check_buffers(msg.frames, shares_buffer(frames, 100))
     # a first group one byte too large goes bulk, header frames and all
     p = OutgoingParcel(0, 0, frames, eager_threshold=100, fragment_size=100, eager_budget=8 * 5 + 44)
     assert unit_kinds(p)[0] == ("parcel", (BULK | 5, BULK | SHARE | 40, 30, 3, 10))
-    # and so does a group with one frame over the threshold
+    # an object over the threshold does not join the header's group: it goes bulk alone
     p = OutgoingParcel(0, 0, frames, eager_threshold=39, fragment_size=100, eager_budget=budget)
-    assert unit_kinds(p)[0] == ("parcel", (BULK | 5, BULK | SHARE | 40, 30, 3, 10))
+    assert unit_kinds(p)[0] == ("parcel", (5, BULK | 40, 30, 3, 10))
 
 
 def encode_parcel_with(frames, eager_threshold, fragment_size, vc=1, seq=0, pool=None, groups=None, **kwargs):
@@ -1563,7 +1563,7 @@ def test_default_encoder_output_is_accepted_by_default_decoder(grouping):
     assert isinstance(events[-1], Message)
     assert len(events[-1].frames) == 1024
     assert all(f == chunk for f in events[-1].frames)
-    check_buffers(events[-1].frames, shares_buffer(frames))
+    check_buffers(events[-1].frames, shares_buffer(frames, 64 * 1024))
     assert dec.idle
 
 
@@ -1638,7 +1638,7 @@ def test_sender_never_sends_what_the_peer_refuses(data, max_message_bytes, max_f
         return
     events = ParcelDecoder(limits=limits).feed(encode_connect(1) + wire)
     assert norm(events) == [("connect", 1), ("msg", 1, 0, [flat(f) for f in frames])]
-    check_buffers(events[1].frames, shares_buffer(frames))
+    check_buffers(events[1].frames, shares_buffer(frames, eager_threshold))
 
 
 # ---------------------------------------------------------------------------
@@ -1708,7 +1708,7 @@ def test_sharing_rule(frames, shares):
         wire = encode_parcel_with(frames, threshold, 7, pool=pool, eager_budget=1 << 20)
         msg = decode_one(ParcelDecoder(placement=None if pool is None else pool.resolve), wire)
         assert [bytes(f) for f in msg.frames] == [flat(f) for f in frames]
-        check_buffers(msg.frames, shares)
+        check_buffers(msg.frames, shares_buffer(frames, threshold))
 
 
 def tcp_leading_bytes(frames) -> int:
@@ -1801,7 +1801,7 @@ def send_and_receive(frames, threshold: int, placed: bool) -> list[memoryview]:
     wire = encode_parcel_with(frames, threshold, 64 * 1024, pool=pool)
     dec = ParcelDecoder(buffer_size=4096, placement=None if pool is None else pool.resolve)
     msg = decode_one(dec, wire)
-    check_buffers(msg.frames, shares_buffer(frames))
+    check_buffers(msg.frames, shares_buffer(frames, threshold))
     return msg.frames
 
 
@@ -1853,8 +1853,11 @@ def test_share_buffer_with_header(nbytes_np, nbytes_other, expect_separate_buffe
     a = msg["np"]
     assert np.array_equal(a, array) and msg["other"] == other
     # (had Dask copied the shards to join them, ``a`` would own a buffer of its own)
+    # Unlike tcp, an array whose first frame is above the eager threshold never
+    # shares the header's buffer: it gets one (or a pool block) of its own size.
+    separate = expect_separate_buffer or min(nbytes_np, 250_000) > threshold
     ha = get_host_array(a)
-    assert (memoryview(ha).nbytes == a.nbytes) == expect_separate_buffer
+    assert (memoryview(ha).nbytes == a.nbytes) == separate
 
 
 # ---------------------------------------------------------------------------
@@ -1885,7 +1888,7 @@ def test_placed_groups_are_views_of_the_shared_memory(feed, alloc_spy):
     assert pool.requests == [(100, 64, 12), (101, 64, 8)]
     for index, handle in ((0, 100), (1, 100), (2, 100), (4, 101)):
         assert np.shares_memory(np.frombuffer(message.frames[index], np.uint8), pool.blocks[handle])
-    check_buffers(message.frames, shares_buffer(frames))
+    check_buffers(message.frames, shares_buffer(frames, 4))
     # no buffer was allocated for the bulk groups; the eager one was copied out
     assert alloc_spy.arrays == []
     assert alloc_spy.copies == [3]
@@ -2026,13 +2029,16 @@ def test_placed_record_names_the_group():
     frames = [b"h", arr(30), bytearray(10), *shards(40, 15)]
     assert shares_buffer(frames) == [False, True, False, False, True]
     p = OutgoingParcel(3, 9, frames, eager_threshold=0, fragment_size=4)
-    for group in range(3):
+    # above the threshold, the array does not share the header's buffer
+    assert len(p.bulk_groups) == 4
+    for group in range(4):
         p.place(group, 10 + group, 8 * group)
     assert unit_kinds(p) == [
-        ("parcel", (BULK | 1, BULK | SHARE | 30, BULK | 10, BULK | 15, BULK | SHARE | 25)),
-        ("placed", 0, 10, 0, 31),
-        ("placed", 2, 11, 8, 10),
-        ("placed", 3, 12, 16, 40),
+        ("parcel", (BULK | 1, BULK | 30, BULK | 10, BULK | 15, BULK | SHARE | 25)),
+        ("placed", 0, 10, 0, 1),
+        ("placed", 1, 11, 8, 30),
+        ("placed", 2, 12, 16, 10),
+        ("placed", 3, 13, 24, 40),
     ]
 
 

@@ -2,8 +2,10 @@
 
 Two objects of one message never share a buffer after receipt, so that
 releasing one frees its memory; a small header may share the buffer of the
-first object exactly where tcp:// lets it (the cases of distributed's
-``test_share_buffer_with_header``). Dask's own helper for this,
+first object where tcp:// lets it (the cases of distributed's
+``test_share_buffer_with_header``), as long as that object is small enough to
+travel eager: a larger one gets a buffer, or a shared-memory pool block, of
+exactly its own size. Dask's own helper for this,
 ``protocol.utils_test.get_host_array``, knows only numpy and bytes owners;
 :func:`host_buffer` also sees through the shared-memory leases of the shm
 provider, whose frames lie in the memory the sender wrote them to.
@@ -90,9 +92,12 @@ async def test_two_objects_of_one_message_do_not_share_a_buffer(providers, list_
         (1, 0, False),  # < 2 KiB of header
         (1, 1800, False),
         (1, 2100, True),  # > 2 KiB
-        (200_000, 9500, False),  # < 5% of the array
-        (200_000, 10500, True),  # > 5% of the array
-        (350_000, 0, False),  # shards of one array share one buffer
+        (60_000, 2500, False),  # < 5% of the array (with msgpack overhead)
+        (60_000, 3100, True),  # > 5% of the array
+        # Unlike tcp://, an array above the eager threshold (64 KiB) always
+        # has a buffer (or pool block) of exactly its size, sharded or not:
+        (200_000, 9500, True),
+        (350_000, 0, True),
     ],
 )
 @pytest.mark.parametrize("providers", PROVIDERS)
