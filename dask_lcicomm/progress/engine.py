@@ -282,17 +282,20 @@ class _Run:
     def watch_writes(self, device: Device) -> None:
         self._watch(device, selectors.EVENT_READ | selectors.EVENT_WRITE)
 
+    def _registered(self, device: Device) -> bool:
+        """Whether ``device`` itself is registered: once a released device's
+        descriptor is closed, the number may already belong to a new device,
+        and a late command for the old one must not touch it."""
+        key = self._selector.get_map().get(device.fileno())
+        return key is not None and key.data is device
+
     def _watch(self, device: Device, events: int) -> None:
-        try:
+        if self._registered(device):
             self._selector.modify(device.fileno(), events, device)
-        except (KeyError, ValueError):
-            pass
 
     def unregister(self, device: Device) -> None:
-        try:
+        if self._registered(device):
             self._selector.unregister(device.fileno())
-        except (KeyError, ValueError):
-            pass
         device.release()
 
     def _main(self) -> None:
