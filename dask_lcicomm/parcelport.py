@@ -112,8 +112,8 @@ class Parcelport:
         )
         self._identity: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
         self._bootstrap = registry.get(registry.BOOTSTRAP)
-        self._upgrades = self._usable(registry.upgrades(settings))
         self._offered = self._usable(registry.offered(settings))
+        self._upgrades = [p for p in registry.upgrades(settings) if p in self._offered]
         self._links: set[Link] = set()
         self._channels: dict[str, Channel] = {}
         self._listenings: set[Listening] = set()

@@ -90,7 +90,7 @@ def shut_socket(sock: socket.socket, both: bool) -> None:
         pass
 
 
-def accept_ready(
+def _accept_ready(
     sock: socket.socket, adopt: Callable[[socket.socket], None], where: str
 ) -> None:
     """Accept the connections waiting on ``sock`` (a bounded batch)."""
@@ -113,7 +113,7 @@ def watch_accepts(
     returned function stops and closes it (as does a failure to start)."""
     loop = asyncio.get_running_loop()
     try:
-        loop.add_reader(sock.fileno(), accept_ready, sock, adopt, where)
+        loop.add_reader(sock.fileno(), _accept_ready, sock, adopt, where)
     except BaseException:
         sock.close()
         raise
