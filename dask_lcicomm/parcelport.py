@@ -30,6 +30,7 @@ from distributed.comm.core import CommClosedError, FatalCommClosedError
 from dask_lcicomm.channel import Channel
 from dask_lcicomm.config import Settings
 from dask_lcicomm.link import Greeting, Link, State, Step
+from dask_lcicomm.loop_close import LoopCloseHook
 from dask_lcicomm.parcel import (
     Close,
     Connect,
@@ -121,6 +122,7 @@ class Parcelport:
         self._unflushed: dict[Device, None] = {}
         self._flush_handle: asyncio.Handle | None = None
         self.closed = False
+        self._loop_close = LoopCloseHook(self._loop_closed)
 
     @staticmethod
     def _usable(providers: list[Provider]) -> list[Provider]:
@@ -136,10 +138,30 @@ class Parcelport:
     def _maybe_shut_down(self) -> None:
         if self._links or self._listenings or self._channels or self.closed:
             return
+        self._shut_down()
+
+    def _shut_down(self) -> None:
         self.closed = True
         if self._ports.get(self.loop) is self:
             del self._ports[self.loop]
+        self._loop_close.cancel()
         self.engine.close()
+
+    def _loop_closed(self) -> None:
+        """The event loop is closed with its descriptors while listeners or
+        links are left (servers nobody closed): release them now, as tornado
+        closes tcp's sockets. Nothing runs on the loop any more, so nobody
+        is told."""
+        if self.closed:
+            return
+        listenings, self._listenings = self._listenings, set()
+        for listening in listenings:
+            listening.close()
+        links, self._links = self._links, set()
+        for link in links:
+            self.engine.remove(link.device)
+        self._channels.clear()
+        self._shut_down()
 
     def _options(self, accepting: bool) -> DeviceOptions:
         return DeviceOptions(

@@ -13,7 +13,6 @@ import pytest
 from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import shm_segment
-from dask_lcicomm.providers._atomics import Region
 from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice, ShmLink
 from dask_lcicomm.providers.tcp import TcpDevice
@@ -104,8 +103,8 @@ def shm_links(socks, layout):
     """Two ends of a shared-memory device in one process: each end receives
     in a segment of its own and writes into a second mapping of the other's."""
     segments = [shm_segment.create(layout) for _ in socks]
-    regions = [Region(memory) for _, memory in segments]
-    peers = [Region(shm_segment.attach(fd, layout)) for fd, _ in segments]
+    regions = [region for _, region in segments]
+    peers = [shm_segment.attach(fd, layout) for fd, _ in segments]
     for fd, _ in segments:
         os.close(fd)
     for region in regions:

@@ -10,7 +10,10 @@
  *
  * Region   a writable buffer (an mmap of a memfd) with atomic 64-bit loads,
  *          stores and exchanges at 8-byte aligned offsets, and bulk copies
- *          that release the GIL.
+ *          that release the GIL. map_shared() maps a descriptor into a new
+ *          Region that owns the mapping and holds no descriptor (Python's
+ *          mmap keeps a duplicate of it open): the mapping goes when the
+ *          Region and every Lease of it are freed.
  * Lease    a slice of a Region exported through the buffer protocol. When
  *          the last object using it (memoryview, numpy array, ...) is freed,
  *          it stores 1 with release ordering into its flag word: the writer
@@ -22,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Copies at least this large run without the GIL. */
 #define NOGIL_COPY_BYTES (64 * 1024)
@@ -30,6 +34,7 @@ typedef struct {
     PyObject_HEAD
     Py_buffer view;
     int has_view;
+    int owns_mapping;   /* view.buf came from map_shared(): munmap it */
 } RegionObject;
 
 typedef struct {
@@ -95,7 +100,9 @@ Region_init(RegionObject *self, PyObject *args, PyObject *kwds)
 static void
 Region_dealloc(RegionObject *self)
 {
-    if (self->has_view)
+    if (self->owns_mapping)
+        munmap(self->view.buf, (size_t)self->view.len);
+    else if (self->has_view)
         PyBuffer_Release(&self->view);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -305,8 +312,42 @@ atomics_fence(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+atomics_map_shared(PyObject *module, PyObject *args)
+{
+    int fd;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "in", &fd, &nbytes))
+        return NULL;
+    if (nbytes <= 0) {
+        PyErr_Format(PyExc_ValueError, "cannot map %zd bytes", nbytes);
+        return NULL;
+    }
+    RegionObject *region = (RegionObject *)PyType_GenericNew(&RegionType, NULL, NULL);
+    if (region == NULL)
+        return NULL;
+    void *data;
+    Py_BEGIN_ALLOW_THREADS
+    data = mmap(NULL, (size_t)nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    Py_END_ALLOW_THREADS
+    if (data == MAP_FAILED) {
+        Py_DECREF(region);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    region->view.buf = data;
+    region->view.len = nbytes;
+    region->view.readonly = 0;
+    region->view.itemsize = 1;
+    region->has_view = 1;
+    region->owns_mapping = 1;
+    return (PyObject *)region;
+}
+
 static PyMethodDef module_methods[] = {
     {"fence", atomics_fence, METH_NOARGS, "fence(): a sequentially consistent memory fence."},
+    {"map_shared", atomics_map_shared, METH_VARARGS,
+     "map_shared(fd, nbytes) -> Region: map the first nbytes of fd shared and writable;"
+     " the Region keeps no descriptor and unmaps when it and its leases are freed."},
     {NULL}
 };
 

@@ -37,5 +37,9 @@ class Lease:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __len__(self) -> int: ...
 
+def map_shared(fd: int, nbytes: int, /) -> Region:
+    """Map the first ``nbytes`` of ``fd`` shared and writable; the region keeps no
+    descriptor and unmaps when it and its leases are freed."""
+
 def fence() -> None:
     """A sequentially consistent memory fence."""

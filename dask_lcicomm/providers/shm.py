@@ -37,7 +37,6 @@ from dask.utils import parse_timedelta
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers._atomics import Region
 from dask_lcicomm.providers.base import Device, DeviceOptions, shut_socket, watch_accepts
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
@@ -151,9 +150,8 @@ def _check_peer(sock: socket.socket) -> int:
 
 def _grant(sock: socket.socket, layout: Layout, extra: dict[str, str]) -> Any:
     """Create our receiving segment and grant it to the peer."""
-    fd, memory = create(layout)
+    fd, region = create(layout)
     try:
-        region = Region(memory)
         # We are not watching the ring until a doorbell rings: say so.
         region.store(ASLEEP, 1)
         message = json.dumps({"segment": layout.describe(), **extra}).encode()
@@ -178,7 +176,7 @@ async def _receive_grant(sock: socket.socket) -> tuple[dict[str, Any], Any, Layo
         if not isinstance(info, dict):
             raise SegmentError("malformed segment grant")
         layout = Layout.from_description(info.get("segment"))
-        region = Region(attach(fds[0], layout))
+        region = attach(fds[0], layout)
     finally:
         for fd in fds:
             os.close(fd)

@@ -4,7 +4,10 @@ Each direction of a shared-memory device is one segment, created by its
 *receiver* and granted to the sender over a Unix socket (``SCM_RIGHTS``).
 Segments are ``memfd_create`` files: they have no name in any file system,
 so a process killed at any moment leaves nothing behind in ``/dev/shm``; the
-kernel frees the memory when the last mapping and descriptor are gone.
+kernel frees the memory when the last mapping and descriptor are gone. A
+mapped segment is a :class:`Region` that keeps no descriptor (an ``mmap``
+object would keep one per mapping), so once granted a segment costs no
+descriptor on either side.
 
 They are sealed against shrinking and growing before they are shared: a
 peer that could truncate a segment under our mapping could kill us with
@@ -30,6 +33,8 @@ import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from dask_lcicomm.providers._atomics import Region, map_shared
 
 TAIL = 0
 HEAD = 64
@@ -104,20 +109,20 @@ class Layout:
         return cls(*values)
 
 
-def create(layout: Layout) -> tuple[int, mmap.mmap]:
+def create(layout: Layout) -> tuple[int, Region]:
     """A new sealed segment: its descriptor (to grant) and our mapping."""
     fd = os.memfd_create("dask-lcicomm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, layout.nbytes)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-        memory = mmap.mmap(fd, layout.nbytes)
+        region = map_shared(fd, layout.nbytes)
     except BaseException:
         os.close(fd)
         raise
-    return fd, memory
+    return fd, region
 
 
-def attach(fd: int, layout: Layout) -> mmap.mmap:
+def attach(fd: int, layout: Layout) -> Region:
     """Map a segment a peer granted, after checking that it cannot change size."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
@@ -128,4 +133,4 @@ def attach(fd: int, layout: Layout) -> mmap.mmap:
     size = os.fstat(fd).st_size
     if size != layout.nbytes:
         raise SegmentError(f"granted segment has {size} bytes, its layout says {layout.nbytes}")
-    return mmap.mmap(fd, size)
+    return map_shared(fd, size)

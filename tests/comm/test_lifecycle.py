@@ -19,6 +19,7 @@ from distributed.comm import connect, listen
 from distributed.comm.core import CommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
+from tornado.ioloop import IOLoop
 
 from dask_lcicomm import parcelport as parcelport_module
 from dask_lcicomm.parcelport import LINGER, Parcelport
@@ -300,3 +301,37 @@ def test_synchronous_clients_leave_nothing_behind():
     while not at_most(resources(), baseline) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert at_most(resources(), baseline), (resources(), baseline)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_a_loop_closed_with_its_descriptors_releases_what_nobody_closed(providers, mode):
+    """Dask ends its test and subprocess loops with tornado's
+    ``IOLoop.close(all_fds=True)``, which closes tcp's sockets of servers
+    nobody closed: the listener, comms and shared memory of lci:// go too."""
+    baseline = resources()
+    ioloops: list[IOLoop] = []
+
+    async def leave_open() -> list[Any]:
+        ioloops.append(IOLoop.current())
+        served: list[Any] = []
+
+        async def keep(comm):
+            served.append(comm)
+            await comm.write(await comm.read())
+
+        listener = await listen("lci://127.0.0.1:0", keep)
+        comm = await connect(listener.contact_address)
+        await comm.write(np.ones(1 << 20, dtype=np.uint8))
+        await comm.read()
+        return [listener, comm, served]
+
+    with _config(providers, mode):
+        kept = asyncio.run(leave_open())
+    assert not at_most(resources(), baseline), "nothing was left open to release"
+    ioloops[0].close(all_fds=True)
+    deadline = time.monotonic() + 5
+    while not at_most(resources(), baseline) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert at_most(resources(), baseline), (resources(), baseline)
+    del kept

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import socket
 import threading
 import time
 
@@ -13,6 +14,7 @@ from distributed.utils_test import gen_test
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.progress import ProgressEngine
 from dask_lcicomm.progress.completion import CompletionQueue
+from dask_lcicomm.progress.engine import _ProgressThread, _Run
 
 
 def _progress_threads():
@@ -90,3 +92,85 @@ async def test_closing_does_not_wait_for_a_busy_progress_thread(endpoint_pair):
     while _progress_threads() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert not _progress_threads()
+
+
+class _NoCompletions:
+    """The socket devices below complete nothing: a progress thread only flushes."""
+
+    def flush(self):
+        pass
+
+
+class _SocketDevice:
+    """What a progress thread calls on a device, over one end of a socket
+    pair; like a real device, once released it keeps its descriptor number
+    and reads as gone."""
+
+    input_pending = False
+
+    def __init__(self, sock):
+        sock.setblocking(False)
+        self._sock = sock
+        self._fd = sock.fileno()
+        self.released = False
+        self.read = threading.Event()
+        self.gone = threading.Event()
+
+    def fileno(self):
+        return self._fd
+
+    def on_readable(self):
+        if self.released:
+            return False
+        self.read.set()
+        return bool(self._sock.recv(4096))
+
+    def release(self):
+        self.released = True
+        self._sock.close()
+        self.gone.set()
+
+
+@pytest.mark.parametrize("command", ["unregister", "watch_writes"])
+def test_late_command_for_a_released_device_spares_the_one_reusing_its_descriptor(command):
+    """The progress thread releases a lost device while the loop may still
+    post a command for it (its remove, or a want_write from a blocked flush);
+    the descriptor is closed by then and a new device may get its number. The
+    late command must leave the new device's registration alone, or the new
+    device is never read."""
+    slot = _ProgressThread(_NoCompletions())
+    socks = []
+
+    def socket_pair():
+        pair = socket.socketpair()
+        socks.extend(pair)
+        return pair
+
+    keeper = _SocketDevice(socket_pair()[0])
+    old_end, old_peer = socket_pair()
+    old = _SocketDevice(old_end)
+    # The keeper stays registered, so one run of the thread, with one
+    # selector, sees every command.
+    slot.post(_Run.register, keeper)
+    run = slot._run
+    try:
+        slot.post(_Run.register, old)
+        old_peer.close()
+        assert old.gone.wait(5), "the progress thread did not release the lost device"
+        new_end, new_peer = socket_pair()
+        assert new_end.fileno() == old.fileno(), "the new device did not reuse the descriptor number"
+        new = _SocketDevice(new_end)
+        commands_done = threading.Event()
+        slot.post(_Run.register, new)
+        slot.post(getattr(_Run, command), old)
+        slot.post(lambda _: commands_done.set())
+        assert commands_done.wait(5)
+        assert not new.read.is_set()
+        new_peer.send(b"x")
+        assert new.read.wait(5), f"a late {command} for the released device lost the new one"
+    finally:
+        slot.stop()
+        run.thread.join(5)
+        for sock in socks:
+            sock.close()
+    assert not run.thread.is_alive()

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from dask_lcicomm.providers._atomics import Region, fence
+from dask_lcicomm.providers._atomics import Region, fence, map_shared
 
 
 @pytest.fixture
@@ -97,6 +97,56 @@ def test_a_region_outlives_its_leases_holder():
     del lease
     view[:3] = b"xyz"
     assert memory[:3] == b"xyz"
+
+
+def _mappings_of(fd: int) -> int:
+    """How many of this process's mappings are of the file behind ``fd``."""
+    inode = str(os.fstat(fd).st_ino)
+    with open("/proc/self/maps") as maps:
+        return sum(line.split()[4] == inode for line in maps)
+
+
+def test_a_shared_mapping_holds_no_descriptor_and_goes_with_its_last_lease():
+    fd = os.memfd_create("test-map-shared")
+    os.ftruncate(fd, 1 << 14)
+    mapped = map_shared(fd, 1 << 14)
+    try:
+        descriptors = len(os.listdir("/proc/self/fd"))
+        region = map_shared(fd, 1 << 14)
+        assert len(os.listdir("/proc/self/fd")) == descriptors
+        assert _mappings_of(fd) == 2
+        region.write(100, b"abc")
+        view = memoryview(region.lease(100, 3, 0))
+        del region
+        gc.collect()
+        assert bytes(view) == b"abc"
+        assert _mappings_of(fd) == 2
+        del view
+        gc.collect()
+        assert _mappings_of(fd) == 1
+        assert mapped.load(0) == 1  # the lease's flag word, seen through the other mapping
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("nbytes", [0, -1])
+def test_map_shared_refuses_empty_sizes(nbytes):
+    fd = os.memfd_create("test-map-shared")
+    try:
+        with pytest.raises(ValueError):
+            map_shared(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def test_map_shared_reports_a_descriptor_it_cannot_map():
+    read, write = os.pipe()
+    try:
+        with pytest.raises(OSError):
+            map_shared(read, 4096)
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 def test_published_bytes_are_seen_whole_by_another_process():

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dask_lcicomm.parcel import ProtocolError
-from dask_lcicomm.providers._atomics import Region
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
 from dask_lcicomm.providers.shm_segment import ASLEEP, HEAD, PAGE, TAIL, WAITING, Layout, attach, create
 
@@ -19,11 +18,10 @@ LAYOUT = Layout(ring_bytes=PAGE, pool_bytes=0, blocks=1)
 @pytest.fixture
 def ring():
     """A writer and a reader on two mappings of one segment, as in two processes."""
-    fd, memory = create(LAYOUT)
+    fd, receiver = create(LAYOUT)
     try:
-        receiver = Region(memory)
         receiver.store(ASLEEP, 1)
-        sender = Region(attach(fd, LAYOUT))
+        sender = attach(fd, LAYOUT)
     finally:
         os.close(fd)
     return RingWriter(sender, LAYOUT), RingReader(receiver, LAYOUT), sender
@@ -42,10 +40,10 @@ def drain(reader, limit=1 << 20):
 @given(chunks=st.lists(st.binary(min_size=0, max_size=3 * PAGE), min_size=1, max_size=30),
        take=st.integers(1, PAGE))
 def test_bytes_arrive_in_order_across_wraparound(chunks, take):
-    fd, memory = create(LAYOUT)
+    fd, region = create(LAYOUT)
     try:
-        writer = RingWriter(Region(attach(fd, LAYOUT)), LAYOUT)
-        reader = RingReader(Region(memory), LAYOUT)
+        writer = RingWriter(attach(fd, LAYOUT), LAYOUT)
+        reader = RingReader(region, LAYOUT)
     finally:
         os.close(fd)
     want = b"".join(chunks)

@@ -378,6 +378,11 @@ def _counts(results: dict[str, Result]) -> Counter[str]:
     return Counter(r.outcome for r in results.values())
 
 
+def _fd_leaks(results: dict[str, Result]) -> int:
+    """How many tests distributed's ``--leaks=fds`` checker flagged."""
+    return sum("leaking fds" in r.message for r in results.values())
+
+
 def _first_line(text: str, width: int = 160) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= width else line[: width - 3] + "..."
@@ -399,7 +404,10 @@ def report(runs: list[Run], name: str) -> int:
     print(f"\n==== upstream {name}: distributed {DISTRIBUTED_VERSION} ====")
     results: dict[str, dict[str, Result]] = {}
     status = 0
-    print(f"{'scheme':8} {'passed':>7} {'failed':>7} {'error':>7} {'skipped':>8} {'time':>8}")
+    print(
+        f"{'scheme':8} {'passed':>7} {'failed':>7} {'error':>7} {'skipped':>8} "
+        f"{'fd leaks':>9} {'time':>8}"
+    )
     for run in runs:
         if run.junit.is_file():
             results[run.scheme] = parse_junit(run.junit)
@@ -408,7 +416,7 @@ def report(runs: list[Run], name: str) -> int:
             c = _counts(results[run.scheme])
             print(
                 f"{run.scheme:8} {c['passed']:7} {c['failed']:7} {c['error']:7} "
-                f"{c['skipped']:8} {run.seconds:7.0f}s"
+                f"{c['skipped']:8} {_fd_leaks(results[run.scheme]):9} {run.seconds:7.0f}s"
                 + (" (overran its time limit)" if run.timed_out else "")
             )
         else:
