@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import dask
 import dask.config
@@ -54,7 +55,18 @@ def _positive(key: str, value: int) -> int:
     return value
 
 
-def _non_negative(key: str, value: int) -> int:
+def _seconds(key: str, config: dict[str, Any]) -> float:
+    """A duration (``"500us"``, ``"1ms"``, or a number of seconds)."""
+    try:
+        return float(parse_timedelta(config[key], default="s"))
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"{PREFIX}.{key} must be a duration, got {config[key]!r}") from e
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _non_negative(key: str, value: _Number) -> _Number:
     if value < 0:
         raise ValueError(f"{PREFIX}.{key} must be >= 0, got {value!r}")
     return value
@@ -89,6 +101,7 @@ class Settings:
     shm_ring_size: int
     shm_pool_size: int
     shm_pool_blocks: int
+    shm_poll_window: float
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -115,7 +128,7 @@ class Settings:
         return cls(
             progress=_choice("progress", c["progress"], PROGRESS_MODES),
             progress_threads=_positive("progress-threads", int(c["progress-threads"])),
-            poll_interval=float(parse_timedelta(c["poll-interval"], default="s")),
+            poll_interval=_seconds("poll-interval", c),
             completion=_choice("completion", c["completion"], COMPLETION_MODES),
             ndevices=_positive("ndevices", int(c["ndevices"])),
             providers=providers,
@@ -129,4 +142,5 @@ class Settings:
             shm_ring_size=round_up(_positive("shm-ring-size", nbytes("shm-ring-size"))),
             shm_pool_size=round_up(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
             shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
+            shm_poll_window=_non_negative("shm-poll-window", _seconds("shm-poll-window", c)),
         )

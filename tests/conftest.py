@@ -35,9 +35,11 @@ class Endpoint:
             batch_bytes=device_kwargs.pop("batch_bytes", 1 << 20),
             accepting=accepting,
         )
+        if isinstance(transport, ShmLink):
+            self.device = ShmDevice(transport, options, device_kwargs.pop("poll_window", 0.0))
+        else:
+            self.device = TcpDevice(transport, options)
         assert not device_kwargs, f"unknown device options {device_kwargs}"
-        device_class = ShmDevice if isinstance(transport, ShmLink) else TcpDevice
-        self.device = device_class(transport, options)
         self.engine.add(self.device)
 
     def send(self, vc, unit, token=None):

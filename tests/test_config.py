@@ -50,6 +50,8 @@ def test_dask_config_overrides():
         ("SHM_RING_SIZE", "1MiB", "shm_ring_size", 1 << 20),
         ("SHM_POOL_SIZE", "10000", "shm_pool_size", -(-10000 // mmap.PAGESIZE) * mmap.PAGESIZE),
         ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
+        ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
+        ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
@@ -72,6 +74,7 @@ def test_environment_variables_override(variable, value, field, expected):
         ("shm-ring-size", 0, "shm-ring-size"),
         ("shm-pool-size", -1, "shm-pool-size"),
         ("shm-pool-blocks", 0, "shm-pool-blocks"),
+        ("shm-poll-window", "-1ms", "shm-poll-window"),
         ("ndevices", 0, "ndevices"),
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),

@@ -60,6 +60,53 @@ async def test_large_frames_are_lent_from_the_pool_and_come_back(endpoint_pair, 
         assert spot is not None and spot[1] == 0
 
 
+def _count_doorbells(device):
+    rung = []
+    ring = device._ring
+
+    def counted():
+        rung.append(1)
+        ring()
+
+    device._ring = counted
+    return rung
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread"])
+@pytest.mark.parametrize("window, doorbells", [(0.0, 1), (30.0, 0)])
+@gen_test(timeout=60)
+async def test_a_receiver_polling_after_traffic_needs_no_doorbell(
+    endpoint_pair, mode, window, doorbells
+):
+    with endpoint_pair(mode, provider="shm", poll_window=window) as (a, b):
+        rung = _count_doorbells(a.device)
+        a.send(1, _parcel(0, [b"first"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert rung == [1]  # b slept before any traffic
+        rung.clear()
+        a.send(1, _parcel(1, [b"second"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
+        assert len(rung) == doorbells
+        assert [bytes(m.frames[0]) for m in _messages(b.events)] == [b"first", b"second"]
+
+
+@gen_test(timeout=60)
+async def test_polling_stops_when_its_window_is_over(endpoint_pair):
+    with endpoint_pair("loop", provider="shm", poll_window=0.5) as (a, b):
+        rung = _count_doorbells(a.device)
+        a.send(1, _parcel(0, [b"first"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert b.device.input_pending  # polling
+        deadline = asyncio.get_running_loop().time() + 5
+        while b.device.input_pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert not b.device.input_pending  # asleep: the idle process costs nothing
+        rung.clear()
+        a.send(1, _parcel(1, [b"second"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
+        assert rung == [1]
+
+
 @gen_test(timeout=60)
 async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
     with endpoint_pair("loop", provider="shm", pool=2 * MiB) as (a, b):
