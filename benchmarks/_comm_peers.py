@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import math
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -148,12 +148,21 @@ def client_main(conn: Connection) -> None:
     benchmark, in order.  A failing benchmark does not stop the next one: each
     uses its own fresh comms.
     """
+    run_client(conn, _run_specs)
+
+
+SpecRunner = Callable[[Connection, str, list[BenchSpec]], Coroutine[Any, Any, None]]
+
+
+def run_client(conn: Connection, run_specs: SpecRunner) -> None:
+    """A client process's body: wait for the server's address and the specs,
+    then ``run_specs`` them on a fresh event loop."""
     ignore_sigint()
     try:
         address, specs = conn.recv()
     except (EOFError, OSError):
         return  # the parent gave up before sending work
-    asyncio.run(_run_specs(conn, address, specs))
+    asyncio.run(run_specs(conn, address, specs))
 
 
 async def _run_specs(conn: Connection, address: str, specs: list[BenchSpec]) -> None:
@@ -177,7 +186,7 @@ def _bounded(max_count: int, deadline: float) -> Iterator[int]:
         yield i
 
 
-def _payload(nbytes: int) -> np.ndarray:
+def make_payload(nbytes: int) -> np.ndarray:
     """Zeros for tiny messages (as Dask sends); random bytes for large ones so
     that a compressing configuration cannot make one scheme look faster."""
     if nbytes <= 64:
@@ -185,12 +194,12 @@ def _payload(nbytes: int) -> np.ndarray:
     return np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype="u1")
 
 
-def _message(op: str, payload: np.ndarray) -> dict[str, Any]:
+def make_message(op: str, payload: np.ndarray) -> dict[str, Any]:
     return {"op": op, "x": to_serialize(payload)}
 
 
 @asynccontextmanager
-async def _connected_many(address: str, n: int) -> AsyncIterator[list[Any]]:
+async def connected_many(address: str, n: int) -> AsyncIterator[list[Any]]:
     """``n`` comms to ``address``, opened one after the other (connecting is
     not what is measured), all closed on exit."""
     comms: list[Any] = []
@@ -210,7 +219,7 @@ async def _close(comm: Any) -> None:
         comm.abort()
 
 
-async def _ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
+async def ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
     """Do bounded round trips of ``msg``; return how many completed."""
     done = 0
     for _ in _bounded(max_count, deadline):
@@ -222,36 +231,36 @@ async def _ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float)
     return done
 
 
-async def _warm_up(comm: Any, msg: dict[str, Any], rounds: int) -> None:
+async def warm_up(comm: Any, msg: dict[str, Any], rounds: int) -> None:
     """Untimed round trips, so lazy setup (buffers, registration) is not timed."""
     if rounds > 0:
-        await _ping(comm, msg, rounds, math.inf)
+        await ping(comm, msg, rounds, math.inf)
 
 
-async def _timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measurement:
+async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measurement:
     start = perf_counter()
-    count = await _ping(comm, msg, spec.max_count, start + spec.duration_s)
+    count = await ping(comm, msg, spec.max_count, start + spec.duration_s)
     return Measurement(count, perf_counter() - start)
 
 
 async def pingpong(address: str, spec: BenchSpec) -> Measurement:
     """Sequential round trips of one message on one comm (latency-bound for
     small payloads, bandwidth-bound for large ones)."""
-    msg = _message("ping", _payload(spec.payload_bytes))
-    async with _connected_many(address, 1) as (comm,):
-        await _warm_up(comm, msg, spec.warmup)
-        return await _timed_pings(comm, msg, spec)
+    msg = make_message("ping", make_payload(spec.payload_bytes))
+    async with connected_many(address, 1) as (comm,):
+        await warm_up(comm, msg, spec.warmup)
+        return await timed_pings(comm, msg, spec)
 
 
 async def flood(address: str, spec: BenchSpec) -> Measurement:
     """Back-to-back one-way writes on ``spec.comms`` comms at once, timed from
     the first write until the server acknowledged every comm's last message,
     so buffered-but-undelivered messages cannot inflate the rate."""
-    payload = _payload(spec.payload_bytes)
-    async with _connected_many(address, spec.comms) as comms:
-        await asyncio.gather(*(_warm_up(c, _message("ping", payload), spec.warmup)
+    payload = make_payload(spec.payload_bytes)
+    async with connected_many(address, spec.comms) as comms:
+        await asyncio.gather(*(warm_up(c, make_message("ping", payload), spec.warmup)
                                for c in comms))
-        msg = _message("flood", payload)
+        msg = make_message("flood", payload)
         start = perf_counter()
         deadline = start + spec.duration_s
         sent = await asyncio.gather(*(_flood_one(c, msg, spec.max_count, deadline)
@@ -275,13 +284,13 @@ async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: f
 async def nchains(address: str, spec: BenchSpec) -> Measurement:
     """``spec.comms`` comms doing round trips concurrently: latency under
     load, stressing per-comm overhead and the backend's progress engine."""
-    msg = _message("ping", _payload(spec.payload_bytes))
-    async with _connected_many(address, spec.comms) as comms:
-        await asyncio.gather(*(_warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
+    msg = make_message("ping", make_payload(spec.payload_bytes))
+    async with connected_many(address, spec.comms) as comms:
+        await asyncio.gather(*(warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
         start = perf_counter()
         deadline = start + spec.duration_s
         counts = await asyncio.gather(
-            *(_ping(c, msg, spec.max_count, deadline) for c in comms)
+            *(ping(c, msg, spec.max_count, deadline) for c in comms)
         )
         return Measurement(sum(counts), perf_counter() - start)
 

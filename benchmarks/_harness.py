@@ -524,7 +524,7 @@ def run(
     report = Report(
         config=config,
         status=probe_configurations(config.configurations),
-        environment=_environment(),
+        environment=environment_facts(),
     )
     runnable = [c for c in config.configurations if report.status[c.label].available]
     progress.start(title, config.rounds * len(runnable) * len(config.benchmarks))
@@ -875,7 +875,7 @@ def _outcome_json(o: Outcome) -> dict[str, Any]:
     }
 
 
-def _environment() -> dict[str, Any]:
+def environment_facts() -> dict[str, Any]:
     """The machine, the versions and the code measured, plus any lci knobs
     the harness inherited: those silently change every lci configuration."""
     return {

@@ -4,7 +4,9 @@ saved run can be drawn again without measuring anything.
 * ``comm``: latency and bandwidth against message size, message-rate bars,
   the nchains curve;
 * ``variants``: each variant's ratio to the default lci per benchmark;
-* ``dask``: time bars per graph and configuration.
+* ``dask``: time bars per graph and configuration;
+* ``budget``: stacked bars of a round trip's categories (see
+  :mod:`benchmarks._budget_plots`).
 
 Every figure shows medians; where a configuration ran more than one round,
 error bars (or a band) span its fastest and slowest round, so a reader sees
@@ -217,10 +219,17 @@ def plot_dask(data: Json, outdir: Path) -> list[Path]:
     return [_save(fig, data, outdir, "dask.png")]
 
 
+def plot_budget(data: Json, outdir: Path) -> list[Path]:
+    from benchmarks._budget_plots import plot_budget  # it draws with this module's helpers
+
+    return plot_budget(data, outdir)
+
+
 PLOTTERS: dict[str, Callable[[Json, Path], list[Path]]] = {
     "comm": plot_comm,
     "variants": plot_variants,
     "dask": plot_dask,
+    "budget": plot_budget,
 }
 
 

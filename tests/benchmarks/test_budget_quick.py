@@ -1,0 +1,97 @@
+"""Smoke test for ``python -m benchmarks budget --quick``.
+
+Runs the real CLI once (see :mod:`_cli`) and checks what the budget promises:
+every configuration present (ucxx measured or marked not installed), every
+payload budgeted, each process's categories adding up to the measured round
+trip, the pair's categories plus the wait too, serialization positive both as
+sampled and as timed in-process, the table and the figures.  Behaviour, not
+speed: no timing assertions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _cli import assert_figures, run_cli
+
+MEASURED = ("lci-shm", "lci-shm-poll", "lci-tcp", "tcp")
+SIZES = ("8B", "1KiB", "16KiB")
+
+#: How far a sum of categories may be from the round trip (float rounding only:
+#: the categories share out the round trip by construction).
+REL_TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "budget.json"
+    return run_cli(["budget", "--quick"], out, timeout_s=120) | {"out": out}
+
+
+def test_exit_status(quick_run: dict[str, Any]) -> None:
+    proc = quick_run["proc"]
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_configuration_present(quick_run: dict[str, Any]) -> None:
+    data = quick_run["data"]
+    assert set(data["status"]) == {*MEASURED, "ucxx"}
+    for label in MEASURED:
+        assert data["status"][label]["available"], data["status"][label]
+    ucxx = data["status"]["ucxx"]
+    assert ucxx["available"] or ucxx["label"] == "not installed", ucxx
+    for size in SIZES:
+        assert {*MEASURED} <= set(data["budget"][size]), size
+
+
+@pytest.mark.parametrize("label", MEASURED)
+@pytest.mark.parametrize("size", SIZES)
+def test_budget_adds_up(quick_run: dict[str, Any], size: str, label: str) -> None:
+    """Per process the categories (wait included) make the round trip; so do
+    the pair's on-CPU categories plus the wait of neither."""
+    data = quick_run["data"]
+    budget = data["budget"][size][label]
+    assert budget is not None, f"{label} {size} has no measured round"
+    rt = budget["rt_us"]
+    assert rt > 0 and budget["reference_us"] > 0
+    for role in ("client", "server"):
+        assert set(budget["per_role"][role]) == set(data["config"]["categories"])
+        assert sum(budget["per_role"][role].values()) == pytest.approx(rt, rel=REL_TOLERANCE)
+        cpu = budget["user_us"][role] + budget["system_us"][role]
+        assert 0 < cpu <= rt * 1.05, (role, cpu, rt)
+        assert budget["samples"][role] > 0
+    assert sum(budget["pair"].values()) == pytest.approx(rt, rel=REL_TOLERANCE)
+    assert budget["pair"]["serialization"] > 0
+    on_cpu = {k: v for k, v in budget["pair"].items() if k != "wait"}
+    assert all(v >= 0 for v in on_cpu.values()), on_cpu
+
+
+def test_lci_used_its_providers(quick_run: dict[str, Any]) -> None:
+    budget = quick_run["data"]["budget"]
+    for size in SIZES:
+        assert budget[size]["lci-shm"]["provider"] == "shm"
+        assert budget[size]["lci-shm-poll"]["provider"] == "shm"
+        assert budget[size]["lci-tcp"]["provider"] == "tcp"
+
+
+def test_serialization_timed_in_process(quick_run: dict[str, Any]) -> None:
+    for size in SIZES:
+        cost = quick_run["data"]["serialization"][size]
+        assert cost["to_frames_us"] > 0 and cost["from_frames_us"] > 0
+        assert cost["per_round_trip_us"] == pytest.approx(
+            2 * (cost["to_frames_us"] + cost["from_frames_us"]))
+
+
+def test_table_printed(quick_run: dict[str, Any]) -> None:
+    stdout = quick_run["proc"].stdout
+    for size in SIZES:
+        assert f"{size} payload, us per round trip" in stdout
+    for row in ("serialization (to/from_frames)", "event-loop hops", "syscalls and doorbells",
+                "wait: neither process on CPU", "round trip, profiled loop",
+                "serialization in-process"):
+        assert row in stdout, row
+
+
+def test_figures_drawn(quick_run: dict[str, Any]) -> None:
+    assert_figures(quick_run["out"].parent / "figures", {f"budget-{s}.png" for s in SIZES})
