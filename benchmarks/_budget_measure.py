@@ -24,7 +24,7 @@ from benchmarks._budget_rules import tally
 from benchmarks._comm_peers import (
     SERIALIZERS,
     BenchSpec,
-    _bounded,
+    bounded,
     make_message,
     make_payload,
     server_main,
@@ -181,7 +181,7 @@ def serialization_us(size: int, max_count: int, duration_s: float) -> tuple[floa
 async def _serialization_us(size: int, max_count: int, duration_s: float) -> tuple[float, float]:
     msg = make_message("ping", make_payload(size))
     to_s, from_s = [], []
-    for _ in _bounded(max_count, perf_counter() + duration_s):
+    for _ in bounded(max_count, perf_counter() + duration_s):
         start = perf_counter()
         frames = await to_frames(msg, serializers=SERIALIZERS, on_error="message")
         middle = perf_counter()

@@ -38,7 +38,7 @@ def _plot_size(data: Json, size: str, cells: Json, outdir: Path) -> Path:
     serialization = data["serialization"][size]["per_round_trip_us"]
     ax.axhline(serialization, color="dimgray", linestyle="--", linewidth=1,
                label="serialization, timed in-process")
-    ax.set_xticks(positions, labels)
+    ax.set_xticks(positions, [label.replace("-", "\n", 1) for label in labels])
     ax.set_ylabel("us per round trip (client + server)")
     handles, names = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], names[::-1], fontsize=7, loc="upper left",  # as stacked

@@ -178,7 +178,7 @@ async def _run_specs(conn: Connection, address: str, specs: list[BenchSpec]) -> 
             conn.send(("result", spec.name, measurement))
 
 
-def _bounded(max_count: int, deadline: float) -> Iterator[int]:
+def bounded(max_count: int, deadline: float) -> Iterator[int]:
     """Yield 0, 1, 2, ... until ``max_count`` or ``deadline`` (at least once)."""
     for i in range(max_count):
         if i and perf_counter() >= deadline:
@@ -222,7 +222,7 @@ async def _close(comm: Any) -> None:
 async def ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
     """Do bounded round trips of ``msg``; return how many completed."""
     done = 0
-    for _ in _bounded(max_count, deadline):
+    for _ in bounded(max_count, deadline):
         await comm.write(msg, serializers=SERIALIZERS)
         reply = await comm.read()
         if reply["op"] != "pong":
@@ -271,7 +271,7 @@ async def flood(address: str, spec: BenchSpec) -> Measurement:
 async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
     """Bounded one-way writes on one comm; how many the server confirmed."""
     sent = 0
-    for _ in _bounded(max_count, deadline):
+    for _ in bounded(max_count, deadline):
         await comm.write(msg, serializers=SERIALIZERS)
         sent += 1
     await comm.write({"op": "flood-end"})

@@ -46,8 +46,9 @@ class ProfilerError(RuntimeError):
 
 @dataclass(frozen=True)
 class Profile:
-    """The main thread's samples of one process: ``(stack, count)`` pairs,
-    stacks root first; ``errors`` are samples py-spy had to drop."""
+    """The samples of one process's event-loop thread and lci progress
+    threads: ``(stack, count)`` pairs, stacks root first; ``errors`` are
+    samples py-spy had to drop."""
 
     stacks: tuple[tuple[tuple[Frame, ...], int], ...]
     errors: int
@@ -99,25 +100,34 @@ def _read(path: Path, pid: int, returncode: int | None, log: str) -> Profile:
         raise ProfilerError(f"py-spy could not sample pid {pid} (exit {returncode}): "
                             f"{lines[-1] if lines else 'no output'}")
     counts = _COUNTS.search(log)
-    stacks = tuple(_main_thread_stacks(path.read_text(), pid))
+    stacks = tuple(_comm_thread_stacks(path.read_text(), pid))
     if not stacks:
         raise ProfilerError(f"py-spy recorded no sample of the main thread of pid {pid}")
     return Profile(stacks, int(counts["errors"]) if counts else 0)
 
 
-def _main_thread_stacks(raw: str, pid: int) -> list[tuple[tuple[Frame, ...], int]]:
-    """The stacks of thread ``pid`` (a process's main thread has its pid as
-    thread id: the event loop's; helper threads that block for the harness
-    are left out) from py-spy's raw format, ``thread;frame;...;frame count``."""
+def _comm_thread_stacks(raw: str, pid: int) -> list[tuple[tuple[Frame, ...], int]]:
+    """The stacks of the threads that carry the comm, from py-spy's raw format
+    (``thread;frame;...;frame count``): thread ``pid`` (a process's main
+    thread has its pid as thread id: the event loop's) and lci's progress
+    threads (``progress=thread``); helper threads that block for the harness
+    are left out."""
     stacks = []
     for line in raw.splitlines():
         frames, _, count = line.rpartition(" ")
         thread, *names = frames.split(";")
         tid = _THREAD.match(thread)
-        if tid is None or int(tid["tid"], 0) != pid:
+        if tid is None:
             continue
-        stacks.append((tuple(_frame(name) for name in names), int(count)))
+        stack = tuple(_frame(name) for name in names)
+        if int(tid["tid"], 0) == pid or any(_is_progress_thread(f) for f in stack):
+            stacks.append((stack, int(count)))
     return stacks
+
+
+def _is_progress_thread(frame: Frame) -> bool:
+    """The bottom frames of an lci progress thread run its engine's ``_main``."""
+    return frame.function.endswith("_main") and frame.within("dask_lcicomm", "progress")
 
 
 def _frame(name: str) -> Frame:

@@ -71,6 +71,7 @@ _VARIANTS = {v.name: v for v in VARIANTS}
 CONFIGURATIONS = (
     Configuration("lci-shm", "lci"),  # shared memory: the default on one host
     dataclasses.replace(_VARIANTS["poll-500us"].configuration(), label="lci-shm-poll"),
+    dataclasses.replace(_VARIANTS["thread"].configuration(), label="lci-shm-thread"),
     dataclasses.replace(_VARIANTS["providers-tcp"].configuration(), label="lci-tcp"),
     Configuration.of_scheme("tcp"),
     Configuration.of_scheme("ucxx"),
@@ -78,7 +79,7 @@ CONFIGURATIONS = (
 
 #: Budgets as ``(quick, full)``: windows, sampling rate, rounds, and the
 #: serialization cross-check's iterations and seconds.  Full: ~2 minutes on
-#: 2 cores for lci-shm, lci-shm-poll, lci-tcp and tcp; quick: ~25 s.
+#: 2 cores for the four lci configurations and tcp; quick: ~30 s.
 _BUDGETS = (Budgets(reference_s=0.3, window_s=1.0, rate_hz=200, warmup=20),
             Budgets(reference_s=1.0, window_s=4.0, rate_hz=250, warmup=100))
 _ROUNDS = (1, 2)

@@ -6,7 +6,8 @@ completion to its link and virtual connection. Dask comms between the same
 two processes are virtual connections multiplexed over one channel, so a
 thousand comms do not cost a thousand sockets. The parcelport exists while a
 link, channel or listener does; when the last one goes, progress stops (and
-its threads exit).
+its threads exit). A loop that tornado closes with its descriptors takes
+everything with it at once (see :mod:`dask_lcicomm.loop_close`).
 
 It knows providers only through :mod:`dask_lcicomm.providers.registry`, and
 what uses a virtual connection only as a :class:`~dask_lcicomm.vconn.VirtualConnection`.
