@@ -292,12 +292,12 @@ def test_synchronous_clients_leave_nothing_behind():
         for i in range(3):
             with Client(cluster.scheduler_address) as client:
                 assert client.submit(abs, -i).result() == i
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + LINGER + 5
         while not no_more_than_after_first() and time.monotonic() < deadline:
             gc.collect()
             time.sleep(0.05)
         assert no_more_than_after_first(), (resources(), after_first)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + LINGER + 5
     while not at_most(resources(), baseline) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert at_most(resources(), baseline), (resources(), baseline)
