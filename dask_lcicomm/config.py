@@ -59,7 +59,7 @@ def _seconds(key: str, config: dict[str, Any]) -> float:
     """A duration (``"500us"``, ``"1ms"``, or a number of seconds)."""
     try:
         return float(parse_timedelta(config[key], default="s"))
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{PREFIX}.{key} must be a duration, got {config[key]!r}") from e
 
 

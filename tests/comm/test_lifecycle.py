@@ -338,8 +338,5 @@ def test_a_loop_closed_with_its_descriptors_releases_what_nobody_closed(provider
         kept = asyncio.run(leave_open())
     assert not at_most(resources(), baseline), "nothing was left open to release"
     ioloops[0].close(all_fds=True)
-    deadline = time.monotonic() + 5
-    while not at_most(resources(), baseline) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert at_most(resources(), baseline), (resources(), baseline)
+    assert settled(lambda: at_most(resources(), baseline), within=5), (resources(), baseline)
     del kept
