@@ -23,8 +23,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import dask.config
-from dask.utils import parse_timedelta
 from distributed.comm.addressing import unparse_host_port
 from distributed.comm.core import CommClosedError, FatalCommClosedError
 
@@ -44,7 +42,14 @@ from dask_lcicomm.parcel import (
 )
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import registry
-from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, DeviceOptions, SendDone
+from dask_lcicomm.providers.base import (
+    Device,
+    DeviceClosed,
+    DeviceLost,
+    DeviceOptions,
+    SendDone,
+    connect_timeout,
+)
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Raw, Unit
 from dask_lcicomm.vconn import VirtualConnection
@@ -177,10 +182,6 @@ class Parcelport:
         identity = self._identity
         return encode_hello(Greeting(identity["pid"], identity["host"], self.limits, offers).encode())
 
-    @staticmethod
-    def _connect_timeout() -> float:
-        return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
-
     # -- listening ------------------------------------------------------------
 
     def listen(
@@ -219,7 +220,7 @@ class Parcelport:
         link = self._adopt(device, 0, self._hello(listening.offers), listening)
         # A peer that never greets must not hold a link forever.
         link.timer = self.loop.call_later(
-            self._connect_timeout(), self._overdue, link
+            connect_timeout(), self._overdue, link
         )
 
     def _overdue(self, link: Link) -> None:
@@ -266,7 +267,7 @@ class Parcelport:
         link = self._adopt(device, index, self._hello({}), None)
         try:
             self.send(link, 0, Raw(link.hello))
-            await asyncio.wait_for(link.greeted, self._connect_timeout())
+            await asyncio.wait_for(link.greeted, connect_timeout())
         except BaseException:
             self._close(link)
             raise

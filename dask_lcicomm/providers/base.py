@@ -30,9 +30,12 @@ import socket
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+import dask.config
+from dask.utils import parse_timedelta
 
 from dask_lcicomm.parcel import Limits, ParcelDecoder, Placement, ProtocolError
 from dask_lcicomm.providers.send_queue import SendQueue, Unit
@@ -123,6 +126,51 @@ def watch_accepts(
         sock.close()
 
     return close
+
+
+def accept_handshakes(
+    sock: socket.socket,
+    handshake: Callable[[socket.socket], Awaitable[Device]],
+    accepted: Callable[[Device], None],
+    where: str,
+) -> Callable[[], None]:
+    """Run ``handshake`` on every connection accepted on ``sock`` and pass
+    the device it makes to ``accepted``; a handshake that raises
+    ``ConnectionError`` refuses that peer alone. The returned function stops
+    accepting and cancels the handshakes under way."""
+    loop = asyncio.get_running_loop()
+    handshakes: set[asyncio.Task[None]] = set()
+
+    async def run(conn: socket.socket) -> None:
+        try:
+            device = await handshake(conn)
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            logger.info("refusing a peer on %s: %s", where, e)
+            conn.close()
+            return
+        except BaseException:
+            conn.close()
+            raise
+        accepted(device)
+
+    def adopt(conn: socket.socket) -> None:
+        task = loop.create_task(run(conn))
+        handshakes.add(task)
+        task.add_done_callback(handshakes.discard)
+
+    stop_accepting = watch_accepts(sock, adopt, where)
+
+    def close() -> None:
+        stop_accepting()
+        for task in list(handshakes):
+            task.cancel()
+
+    return close
+
+
+def connect_timeout() -> float:
+    """Dask's bound on setting up a connection, in seconds."""
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
 
 
 class Device(ABC):

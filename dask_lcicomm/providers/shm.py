@@ -34,11 +34,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import dask.config
-from dask.utils import parse_timedelta
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import Device, DeviceOptions, shut_socket, watch_accepts
+from dask_lcicomm.providers.base import (
+    Device,
+    DeviceOptions,
+    accept_handshakes,
+    connect_timeout,
+    shut_socket,
+)
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
@@ -379,36 +384,15 @@ class ShmProvider(Provider):
         options: DeviceOptions,
         accepted: Callable[[Device], None],
     ) -> Offering:
-        loop = asyncio.get_running_loop()
         sock, name = listen(int(dask.config.get("distributed.comm.socket-backlog")))
         layout = _layout(settings)
-        timeout = _connect_timeout()
-        handshakes: set[asyncio.Task[None]] = set()
+        timeout = connect_timeout()
 
-        async def handshake(conn: socket.socket) -> None:
-            try:
-                link = await accept(conn, layout, timeout)
-            except ProviderUnavailable as e:
-                logger.info("refusing shared memory on %s: %s", name, e)
-                conn.close()
-                return
-            except BaseException:
-                conn.close()
-                raise
-            accepted(ShmDevice(link, options, _poll_window(settings)))
+        async def handshake(conn: socket.socket) -> Device:
+            link = await accept(conn, layout, timeout)
+            return ShmDevice(link, options, _poll_window(settings))
 
-        def adopt(conn: socket.socket) -> None:
-            task = loop.create_task(handshake(conn))
-            handshakes.add(task)
-            task.add_done_callback(handshakes.discard)
-
-        stop_accepting = watch_accepts(sock, adopt, name)
-
-        def close() -> None:
-            stop_accepting()
-            for task in list(handshakes):
-                task.cancel()
-
+        close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
 
     async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
@@ -416,7 +400,7 @@ class ShmProvider(Provider):
             raise ProviderUnavailable(f"malformed shared-memory offer {peer.offer!r}")
         link = await connect(
             peer.offer, peer.pid, _layout(settings),
-            peer.local_address, peer.peer_address, _connect_timeout(),
+            peer.local_address, peer.peer_address, connect_timeout(),
         )
         return ShmDevice(link, options, _poll_window(settings))
 
@@ -430,10 +414,6 @@ def _poll_window(settings: Settings) -> float:
     progress. A progress thread polling would hold the GIL the event loop
     needs (8 B round trips measured 4.3x slower than without)."""
     return settings.shm_poll_window if settings.progress == "loop" else 0.0
-
-
-def _connect_timeout() -> float:
-    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
 
 
 PROVIDER = ShmProvider()
