@@ -9,7 +9,9 @@ The provider is chosen when the channel opens: the first link connects over
 the bootstrap provider and greets the listener; then each provider the
 listener offered, that we prefer to the bootstrap, is tried in turn for all
 devices, and the first that connects is used (the bootstrap link closes);
-if none does, the channel stays on the bootstrap.
+if none does, the channel stays on the bootstrap, unless the configuration
+leaves the bootstrap out: then opening fails at once, saying why each
+provider did not connect.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
 from typing import Protocol
+
+from distributed.comm.core import FatalCommClosedError
 
 from dask_lcicomm.link import Link
 from dask_lcicomm.parcel import MAX_VC
@@ -29,8 +33,17 @@ logger = logging.getLogger(__name__)
 GRACE = 2.0
 
 
+class NoProvider(FatalCommClosedError):
+    """None of the providers the configuration requires reaches the peer."""
+
+
 class Opener(Protocol):
     """How a channel gets its links (the parcelport)."""
+
+    #: Whether a channel may stay on the bootstrap provider.
+    bootstrap_allowed: bool
+    #: Why each configured provider this process cannot run is left out.
+    unusable: dict[str, str]
 
     def bootstrap(self, host: str, port: int, index: int) -> Awaitable[Link]:
         """A greeted link over the bootstrap provider."""
@@ -95,17 +108,25 @@ class Channel:
         opener = self._opener
         first = await opener.bootstrap(host, port, 0)
         assert first.peer is not None
+        reasons = dict(opener.unusable)
         try:
             for provider in opener.upgrades():
                 if provider.name not in first.peer.offers:
+                    reasons[provider.name] = "the peer does not offer it"
                     continue
                 try:
                     links = await self._all(opener.upgrade(provider, first, i) for i in range(n))
                 except ProviderUnavailable as e:
                     logger.info("channel to %s does not use %s: %s", self.key, provider.name, e)
+                    reasons[provider.name] = str(e)
                     continue
                 opener.finish(first)
                 return links
+            if not opener.bootstrap_allowed:
+                raise NoProvider(
+                    f"no required lci:// provider reaches {self.key}: "
+                    + "; ".join(f"{name}: {why}" for name, why in reasons.items())
+                )
             return [first, *await self._all(opener.bootstrap(host, port, i) for i in range(1, n))]
         except BaseException:
             opener.finish(first)

@@ -120,11 +120,8 @@ class Settings:
         if isinstance(providers, str):
             providers = [p.strip() for p in providers.strip("[]").split(",")]
         providers = tuple(_provider(str(p)) for p in providers)
-        if "tcp" not in providers:
-            raise ValueError(
-                f"{PREFIX}.providers must include tcp (it carries the greeting and reaches"
-                f" every peer), got {list(providers)!r}"
-            )
+        if not providers:
+            raise ValueError(f"{PREFIX}.providers must name at least one provider")
         return cls(
             progress=_choice("progress", c["progress"], PROGRESS_MODES),
             progress_threads=_positive("progress-threads", int(c["progress-threads"])),

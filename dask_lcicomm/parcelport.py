@@ -119,7 +119,9 @@ class Parcelport:
         )
         self._identity: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
         self._bootstrap = registry.get(registry.BOOTSTRAP)
-        self._offered = self._usable(registry.offered(settings))
+        self.unusable = self._unusable(registry.offered(settings))
+        self.bootstrap_allowed = registry.bootstrap_allowed(settings)
+        self._offered = [p for p in registry.offered(settings) if p.name not in self.unusable]
         self._upgrades = [p for p in registry.upgrades(settings) if p in self._offered]
         self._links: set[Link] = set()
         self._channels: dict[str, Channel] = {}
@@ -131,15 +133,15 @@ class Parcelport:
         self._loop_close = LoopCloseHook(self._loop_closed)
 
     @staticmethod
-    def _usable(providers: list[Provider]) -> list[Provider]:
-        usable = []
+    def _unusable(providers: list[Provider]) -> dict[str, str]:
+        """Why each provider this process cannot run is left out (logged once)."""
+        unusable = {}
         for provider in providers:
             reason = provider.unavailable()
-            if reason is None:
-                usable.append(provider)
-            else:
+            if reason is not None:
                 logger.warning("lci:// provider %s is unavailable: %s", provider.name, reason)
-        return usable
+                unusable[provider.name] = reason
+        return unusable
 
     def _maybe_shut_down(self) -> None:
         if self._links or self._listenings or self._channels or self.closed:
@@ -200,8 +202,9 @@ class Parcelport:
             boot = self._bootstrap.listen(host, port, self.settings, options, accepted)
             listening.offerings.append(boot)
             listening.address = boot.address
+            bound_host = boot.address[0] if boot.address else host
             for provider in self._offered:
-                offering = provider.listen(None, 0, self.settings, options, accepted)
+                offering = provider.listen(bound_host, 0, self.settings, options, accepted)
                 listening.offerings.append(offering)
                 listening.offers[provider.name] = offering.offer
         except BaseException:

@@ -1,5 +1,5 @@
 """Shared fixtures: devices over a socket pair (and, for shm, two shared
-segments), progressed by a real engine."""
+segments; for ucx, two UCX workers), progressed by a real engine."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import os
 import socket
 
 import pytest
+from ucx_support import UcxTransport, ucx_transports
 
 from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
-from dask_lcicomm.providers import shm_segment
+from dask_lcicomm.providers import shm_segment, ucx
 from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice, ShmLink
 from dask_lcicomm.providers.tcp import TcpDevice
@@ -37,6 +38,8 @@ class Endpoint:
         )
         if isinstance(transport, ShmLink):
             self.device = ShmDevice(transport, options, device_kwargs.pop("poll_window", 0.0))
+        elif isinstance(transport, UcxTransport):
+            self.device = ucx.UcxDevice(*transport, options, "lci://a:1", "lci://b:2")
         else:
             self.device = TcpDevice(transport, options)
         assert not device_kwargs, f"unknown device options {device_kwargs}"
@@ -71,7 +74,8 @@ def endpoint_pair():
     @contextlib.contextmanager
     def make(mode="loop", sndbuf=None, provider="tcp", pool=None, **kwargs):
         """With ``provider="shm"``, ``sndbuf`` is the ring size and large
-        frames go through the ring unless a ``pool`` is given explicitly."""
+        frames go through the ring unless a ``pool`` is given explicitly;
+        with ``provider="ucx"`` it has no effect."""
         loop = asyncio.get_running_loop()
         if provider == "shm":
             socks = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -87,6 +91,8 @@ def endpoint_pair():
             if pool is None:
                 pool = 0 if sndbuf else 64 << 20
             transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
+        elif provider == "ucx":
+            transports = ucx_transports(socks)
         made = []
         try:
             for transport in transports:
@@ -116,3 +122,4 @@ def shm_links(socks, layout):
         ShmLink(socks[i], peers[1 - i], layout, regions[i], layout, names[i], names[1 - i])
         for i in range(2)
     ]
+

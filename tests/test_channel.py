@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import dask
 import pytest
 from distributed.comm import connect, listen
+from distributed.comm.core import FatalCommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.providers import shm
+from dask_lcicomm.providers import shm, ucx
 
 
 async def _pair(**connect_kwargs):
@@ -123,3 +125,63 @@ async def test_a_connect_that_gave_up_leaves_its_channel_for_the_retry(monkeypat
             while Parcelport._ports.get(loop) is not None and loop.time() < deadline:
                 await asyncio.sleep(0.05)
     assert Parcelport._ports.get(asyncio.get_running_loop()) is None
+
+
+@gen_test(timeout=30)
+async def test_a_required_provider_is_used():
+    with dask.config.set({"distributed.comm.lci.providers": ["shm"]}):
+        listener, near, far = await _pair()
+    try:
+        assert near.extra_info["provider"] == far.extra_info["provider"] == "shm"
+    finally:
+        await _close(listener, near, far)
+
+
+@gen_test(timeout=30)
+async def test_a_peer_no_required_provider_reaches_is_refused_at_once_with_the_reasons(monkeypatch):
+    monkeypatch.setattr(shm.os, "getuid", lambda: 4242)
+    with dask.config.set({"distributed.comm.lci.providers": ["shm"]}):
+        listener = listen("lci://127.0.0.1:0", lambda comm: None)
+        await listener.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(FatalCommClosedError, match=r"shm: .*runs as uid"):
+                await connect(listener.contact_address, timeout=30)
+        finally:
+            listener.stop()
+    assert time.monotonic() - start < 5
+
+
+def _ucx_broken(monkeypatch) -> None:
+    """UCX as it is where ucxx is missing or cannot open the fabric."""
+    monkeypatch.setattr(ucx._Context, "_context", None)
+    monkeypatch.setattr(ucx._Context, "_error", "UCX cannot open the fabric: (simulated)")
+
+
+@gen_test(timeout=30)
+async def test_unusable_ucx_falls_back_to_the_next_provider_with_a_warning(monkeypatch, caplog):
+    _ucx_broken(monkeypatch)
+    with caplog.at_level(logging.WARNING, "dask_lcicomm"), dask.config.set(
+        {"distributed.comm.lci.providers": ["ucx", "tcp"]}
+    ):
+        listener, near, far = await _pair()
+    try:
+        assert near.extra_info["provider"] == "tcp"
+        assert "provider ucx is unavailable: UCX cannot open the fabric" in caplog.text
+    finally:
+        await _close(listener, near, far)
+
+
+@gen_test(timeout=30)
+async def test_unusable_ucx_as_the_only_provider_is_an_error_naming_the_cause(monkeypatch):
+    _ucx_broken(monkeypatch)
+    with dask.config.set({"distributed.comm.lci.providers": ["ucx"]}):
+        listener = listen("lci://127.0.0.1:0", lambda comm: None)
+        await listener.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(FatalCommClosedError, match="ucx: UCX cannot open the fabric"):
+                await connect(listener.contact_address, timeout=30)
+        finally:
+            listener.stop()
+    assert time.monotonic() - start < 5

@@ -9,6 +9,8 @@ Every channel starts on the *bootstrap* provider (``tcp``): it reaches every
 peer and carries the greeting in which a listener offers the other providers
 it runs. The connecting side then tries the offered providers it prefers to
 the bootstrap, in its configured order, and keeps the first that connects.
+A list without the bootstrap still greets over it, but no channel may stay
+on it: a peer none of the listed providers reaches is an error.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ class Provider(ABC):
     ) -> Offering:
         """Start accepting peers; ``accepted`` gets each new device.
 
-        ``host`` and ``port`` matter only to the bootstrap provider. On
-        failure nothing stays open.
+        ``port`` matters only to the bootstrap provider; the others get the
+        host the bootstrap is bound to, so that peers that reach it reach
+        them too. On failure nothing stays open.
         """
 
     @abstractmethod
@@ -101,7 +104,14 @@ def get(name: str) -> Provider:
 def upgrades(settings: Settings) -> list[Provider]:
     """The providers preferred to the bootstrap, in order of preference."""
     names = settings.providers
-    return [get(name) for name in names[: names.index(BOOTSTRAP)]]
+    if BOOTSTRAP in names:
+        names = names[: names.index(BOOTSTRAP)]
+    return [get(name) for name in names]
+
+
+def bootstrap_allowed(settings: Settings) -> bool:
+    """Whether a channel may stay on the bootstrap provider."""
+    return BOOTSTRAP in settings.providers
 
 
 def offered(settings: Settings) -> list[Provider]:

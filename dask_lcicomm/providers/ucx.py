@@ -3,23 +3,23 @@ RoCE, Slingshot; TCP and shared memory where that is all there is).
 
 Each device owns a UCX worker with one endpoint to its peer's device, so
 that the worker's event descriptor is the device's own and progress never
-has to guess whose traffic woke it. Everything travels as UCX *active
-messages*: the data lands at the peer with no receive posted, as in LCI.
-Two kinds share one endpoint, in order:
+has to guess whose traffic woke it. Messages are UCX tagged sends that no
+receive awaits: they land in UCX's queue of unexpected messages, as in LCI's
+one-sided puts, and progress finds them by probing, reads their length,
+checks it against the limits and only then allocates the buffer they are
+received into. The tag says what a message is:
 
 * a *stream* message carries bytes of the parcel stream (heads, eager
-  frames, the other control units), behind a u32 count of the bulk
-  messages that follow it;
+  frames, the other control units), in order;
 * a *bulk* message carries one bulk group of a parcel, written nowhere
   first: UCX sends a large one by its rendezvous protocol (an RDMA read by
-  the receiver on a real fabric), and the receiver hands the buffer UCX
-  received it into to Dask as the frames themselves. The parcel names the
-  group by the bulk message's number (a PLACED record, see
-  :mod:`dask_lcicomm.parcel`), and the group is sent before the parcel's
-  head, so it has arrived when the head is decoded.
+  the receiver on a real fabric), and the buffer it lands in becomes the
+  frames handed to Dask. The tag numbers it; the parcel names that number
+  (a PLACED record, see :mod:`dask_lcicomm.parcel`).
 
-A writer's send completes once its stream bytes are handed to UCX (they
-are copied into one message) and its bulk groups have reached the peer.
+A parcel with bulk groups joins the stream only once they have reached the
+peer: a writer's send completes when its frames are there, and the small
+parcels of other virtual connections flow past a large one meanwhile.
 
 The endpoint is set up over a TCP side socket that the listener offers in
 its greeting: the accepting side opens a UCX listener for exactly one
@@ -44,15 +44,15 @@ from collections.abc import Callable
 from typing import Any
 
 import dask.config
+import numpy as np
 from distributed.comm.addressing import parse_host_port
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
 from dask_lcicomm.providers.base import (
     Device,
-    DeviceLost,
+    DeviceClosed,
     DeviceOptions,
-    SendDone,
     accept_handshakes,
     connect_timeout,
     shut_socket,
@@ -63,12 +63,17 @@ from dask_lcicomm.providers.tcp import bind, open_connection
 
 logger = logging.getLogger(__name__)
 
-#: A stream message: how many bulk messages follow it, then stream bytes.
-_STREAM = struct.Struct("<I")
+#: Tags: a stream message, or bulk message number ``n`` (``_BULK | n``).
+_STREAM_TAG = 0
+_BULK = 1 << 63
 #: An orderly end of output, on the side socket: how many messages were sent.
 _END = struct.Struct("<Q")
 _SETUP = struct.Struct("<I")
 _MAX_SETUP_BYTES = 4096
+#: Stream bytes in flight, in send batches, before sends wait for UCX.
+_INFLIGHT_BATCHES = 8
+#: Most messages taken from UCX's queue in one pass.
+_PROBES = 64
 #: Progress calls in one pass before the worker is armed (or left for later).
 _PROGRESS_ROUNDS = 16
 
@@ -95,7 +100,7 @@ class _Context:
                 try:
                     ucx = _ucx()
                     cls._context = ucx.UCXContext(
-                        {}, feature_flags=(ucx.Feature.AM, ucx.Feature.WAKEUP)
+                        {}, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
                     )
                 except ImportError as e:
                     cls._error = f"ucxx is not installed (pip install 'dask-lcicomm[ucx]'): {e}"
@@ -127,38 +132,20 @@ def _array(buffer: Any) -> Any:
     return Array(buffer)
 
 
-class _Held:
-    """A writer's token held until its parcel's stream bytes and bulk
-    messages have all gone: ``parts`` of them are still out."""
+def _tag(value: int) -> Any:
+    return _ucx().UCXXTag(value)
 
-    __slots__ = ("token", "parts")
 
-    def __init__(self, token: Any, parts: int) -> None:
+class _Waiting:
+    """A parcel held back until its bulk messages have reached the peer."""
+
+    __slots__ = ("unit", "token", "bulk_out")
+
+    def __init__(self, unit: Unit, token: Any) -> None:
+        self.unit = unit
         self.token = token
-        self.parts = parts
-
-
-class _TokenGate:
-    """The completion sink seen by the device's send queue: passes a held
-    token on when its last part completes, and every other event as is."""
-
-    def __init__(self, sink: Any) -> None:
-        self._sink = sink
-
-    def push(self, item: tuple[Device, Any]) -> None:
-        device, event = item
-        if type(event) is SendDone and type(event.token) is _Held:
-            self.part_done(device, event.token)
-        elif type(event) is DeviceLost:
-            tokens = [t.token if type(t) is _Held else t for t in event.tokens]
-            self._sink.push((device, DeviceLost(event.reason, tokens, event.violation)))
-        else:
-            self._sink.push(item)
-
-    def part_done(self, device: Device, held: _Held) -> None:
-        held.parts -= 1
-        if held.parts == 0 and held.token is not None:
-            self._sink.push((device, SendDone(held.token)))
+        #: Bulk messages of this parcel UCX has not finished sending.
+        self.bulk_out = 0
 
 
 class UcxDevice(Device):
@@ -177,11 +164,12 @@ class UcxDevice(Device):
         peer_address: str,
     ) -> None:
         super().__init__(options, local_address, peer_address, placement=self._take_bulk)
-        self._gate = _TokenGate(self.completion)
-        self.completion = self._gate
         self._max_bulk_bytes = options.limits.max_message_bytes
         self._max_bulk_count = options.limits.max_frames
         self._batch_bytes = options.batch_bytes
+        # Stream bytes UCX may hold before writers wait: back-pressure when
+        # the peer takes them more slowly than they are written.
+        self._max_inflight = _INFLIGHT_BATCHES * options.batch_bytes
         self._worker = worker
         self._endpoint = endpoint
         self._sock = sock
@@ -189,28 +177,35 @@ class UcxDevice(Device):
         self._epoll = select.epoll()
         self._epoll.register(worker.epoll_file_descriptor, select.EPOLLIN)
         self._epoll.register(sock.fileno(), select.EPOLLIN)
-        # UCX is called from the event loop (sends) and from progress.
+        self._fd = self._epoll.fileno()
+        # Lock order: waiting, then the device lock, then UCX (called from
+        # the event loop for sends and from progress).
+        self._waiting_lock = threading.Lock()
         self._ucx_lock = threading.Lock()
         self._failed: str | None = None
         endpoint.set_close_callback(self._endpoint_closed)
-        # Send side: requests UCX has not finished, and what they hold.
-        self._inflight: deque[tuple[Any, Any, _Held | None]] = deque()
+        # Send side: parcels waiting for their bulk messages, per virtual
+        # connection (in order); requests UCX has not finished.
+        self._waiting: dict[int, deque[_Waiting]] = {}
+        self._waiting_bytes = 0
+        self._finish_when_sent = False
+        self._inflight: deque[tuple[Any, int, Any, _Waiting | None]] = deque()
+        self._inflight_bytes = 0
         self._sent = 0
         self._bulk_sent = 0
-        # Receive side.
-        self._receiving: Any = None
+        # Receive side: stream messages being received, in order; bulk
+        # messages by number until their parcel takes them.
+        self._receiving: deque[tuple[Any, np.ndarray]] = deque()
         self._received = 0
         self._stream: deque[memoryview] = deque()
-        self._bulk_due = 0
-        self._bulk: dict[int, Any] = {}
-        self._bulk_received = 0
+        self._bulk: dict[int, tuple[Any, np.ndarray]] = {}
         self._bulk_bytes = 0
         self._end: int | None = None
         self._peer_gone = False
         self._armed = False
 
     def fileno(self) -> int:
-        return self._epoll.fileno()
+        return self._fd
 
     @property
     def input_pending(self) -> bool:
@@ -219,56 +214,115 @@ class UcxDevice(Device):
     # -- sending ---------------------------------------------------------
 
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
-        if type(unit) is OutgoingParcel and unit.bulk_groups and not self.lost:
-            held = _Held(token, 1)
-            with self._lock:
+        """Bulk groups leave at once, out of band; their parcel joins the
+        stream once they have arrived, so that a large message never holds
+        up the small ones of other virtual connections."""
+        with self._waiting_lock:
+            waiting = self._waiting.get(vc)
+            if waiting is None and not (type(unit) is OutgoingParcel and unit.bulk_groups):
+                return super().put(vc, unit, token)
+            if self._lost is not None or self._finishing:
+                raise DeviceClosed(self._lost or "device is closing")
+            held = _Waiting(unit, token)
+            if type(unit) is OutgoingParcel and unit.bulk_groups:
                 self._send_bulk(unit, held)
-            token = held
-        return super().put(vc, unit, token)
+            self._waiting.setdefault(vc, deque()).append(held)
+            self._waiting_bytes += unit.nbytes
+            # Small bulk messages may have gone at once.
+            return self._release_ready()
 
-    def _send_bulk(self, parcel: OutgoingParcel, held: _Held) -> None:
-        """Send each bulk group of ``parcel`` as a message of its own, behind
-        a stream message announcing them; the parcel then carries only their
-        numbers. Under the device lock, so nothing of this parcel's stream
-        can overtake them."""
-        groups = parcel.bulk_groups
-        messages = []
-        for views in groups:
-            messages.append(views[0] if len(views) == 1 else b"".join(views))
+    def _send_bulk(self, parcel: OutgoingParcel, held: _Waiting) -> None:
+        """Send each bulk group of ``parcel`` as a message of its own; the
+        parcel then carries only their numbers."""
         with self._ucx_lock:
-            if self._failed is not None:
-                return
-            self._post(_STREAM.pack(len(messages)), None)
-            for group, message in enumerate(messages):
+            for group, views in enumerate(parcel.bulk_groups):
+                message = views[0] if len(views) == 1 else b"".join(views)
                 parcel.place(group, self._bulk_sent, 0)
+                held.bulk_out += 1
+                self._post(message, _BULK | self._bulk_sent, 0, held)
                 self._bulk_sent += 1
-                held.parts += 1
-                self._post(message, held)
 
-    def _post(self, message: Any, held: _Held | None) -> None:
-        """Hand ``message`` to UCX (under the UCX lock)."""
-        request = self._endpoint.am_send(_array(message))
+    def _post(self, message: Any, tag: int, nbytes: int, held: _Waiting | None) -> None:
+        """Hand ``message`` to UCX (under the UCX lock); ``nbytes`` of it
+        count against the stream's bytes in flight."""
+        request = self._endpoint.tag_send(_array(message), _tag(tag))
         self._sent += 1
         if request.completed:
             self._completed(request, held)
         else:
-            self._inflight.append((request, message, held))
+            self._inflight.append((request, nbytes, message, held))
+            self._inflight_bytes += nbytes
 
-    def _completed(self, request: Any, held: _Held | None) -> None:
+    def _completed(self, request: Any, held: _Waiting | None) -> None:
         try:
             request.check_error()
         except Exception as e:
             self._failed = self._failed or f"send failed: {type(e).__name__}: {e}"
             return
         if held is not None:
-            self._gate.part_done(self, held)
+            held.bulk_out -= 1
 
     def _reap(self) -> None:
-        """Finish the sends UCX has completed, in order (under the UCX lock)."""
+        """Finish the sends UCX has completed (under the UCX lock)."""
         inflight = self._inflight
-        while inflight and inflight[0][0].completed:
-            request, _, held = inflight.popleft()
-            self._completed(request, held)
+        for _ in range(len(inflight)):
+            entry = inflight.popleft()
+            request, nbytes, _, held = entry
+            if request.completed:
+                self._inflight_bytes -= nbytes
+                self._completed(request, held)
+            else:
+                inflight.append(entry)
+
+    def _release_waiting(self) -> None:
+        """Send the parcels whose bulk messages have all arrived; end the
+        output if that was all it waited for."""
+        if not self._waiting:
+            return
+        with self._waiting_lock:
+            self._release_ready()
+            finish = not self._waiting and self._finish_when_sent
+        if finish:
+            super().finish()
+        else:
+            self.flush()
+
+    def _release_ready(self) -> bool:
+        """Queue the parcels at the head of each virtual connection's line
+        whose bulk messages have all arrived (under the waiting lock); True
+        when the caller should flush."""
+        flush = False
+        for vc, waiting in list(self._waiting.items()):
+            while waiting and waiting[0].bulk_out == 0:
+                held = waiting.popleft()
+                self._waiting_bytes -= held.unit.nbytes
+                flush = super().put(vc, held.unit, held.token) or flush
+            if not waiting:
+                del self._waiting[vc]
+        return flush
+
+    @property
+    def queued_bytes(self) -> int:
+        return super().queued_bytes + self._waiting_bytes
+
+    def flush(self) -> bool:
+        return super().flush() and not self._waiting
+
+    def finish(self) -> bool:
+        with self._waiting_lock:
+            if self._waiting:
+                self._finish_when_sent = True
+                return False
+        return super().finish()
+
+    def _lose(self, reason: str) -> list[Any] | None:
+        tokens = super()._lose(reason)
+        if tokens is not None:
+            for waiting in self._waiting.values():
+                tokens.extend(held.token for held in waiting if held.token is not None)
+            self._waiting.clear()
+            self._waiting_bytes = 0
+        return tokens
 
     def _transmit(self, buffers: deque[Any]) -> int:
         if self._failed is not None:
@@ -284,7 +338,9 @@ class UcxDevice(Device):
                 break
         with self._ucx_lock:
             self._reap()
-            self._post(b"".join([_STREAM.pack(0), *taken]), None)
+            if self._inflight_bytes >= self._max_inflight:
+                raise BlockingIOError
+            self._post(b"".join(taken), _STREAM_TAG, n, None)
             self._armed = False
         return n
 
@@ -299,6 +355,7 @@ class UcxDevice(Device):
                 self._progress()
             except ProtocolError as e:
                 return self._fail(f"protocol error: {e}", logging.WARNING, violation=True)
+        self._release_waiting()
         self.resume_blocked_sends()
         alive = super().on_readable()
         if alive and self._failed is not None and not self._stream:
@@ -322,47 +379,52 @@ class UcxDevice(Device):
         self._armed = False
 
     def _take_arrivals(self) -> None:
-        endpoint = self._endpoint
-        while True:
-            request = self._receiving
-            if request is None:
-                request = self._receiving = endpoint.am_recv()
-            if not request.completed:
-                return
-            self._receiving = None
+        """Receive what arrived, in order: each message into a buffer of its
+        length, allocated once that length passed the limits. Stream messages
+        are taken in order once complete; bulk messages are set aside by
+        number, so later stream messages are taken while one is in flight."""
+        worker = self._worker
+        for _ in range(_PROBES):
+            probe = worker.tag_probe(_tag(0), _ucx().UCXXTagMask(0), remove=True)
+            if not probe.matched:
+                break
+            self._received += 1
+            tag, nbytes = probe.sender_tag.value, probe.length
+            if tag & _BULK:
+                handle = tag & ~_BULK
+                self._bulk_bytes += nbytes
+                if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
+                    raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
+                if handle in self._bulk:
+                    raise ProtocolError(f"bulk message {handle} arrived twice")
+                buffer = np.empty(nbytes, np.uint8)
+                self._bulk[handle] = (worker.tag_recv_with_handle(_array(buffer), probe), buffer)
+            elif tag == _STREAM_TAG:
+                if nbytes > self._max_bulk_bytes:
+                    raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
+                buffer = np.empty(nbytes, np.uint8)
+                self._receiving.append((worker.tag_recv_with_handle(_array(buffer), probe), buffer))
+            else:
+                raise ProtocolError(f"a message with the unknown tag {tag:#x}")
+        receiving = self._receiving
+        while receiving and receiving[0][0].completed:
+            request, buffer = receiving.popleft()
             request.check_error()
-            self._arrived(request.recv_buffer)
-
-    def _arrived(self, buffer: Any) -> None:
-        self._received += 1
-        data = memoryview(buffer).cast("B")
-        if self._bulk_due:
-            self._bulk_due -= 1
-            self._bulk_bytes += data.nbytes
-            if self._bulk_bytes > self._max_bulk_bytes:
-                raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
-            self._bulk[self._bulk_received] = buffer
-            self._bulk_received += 1
-            return
-        if data.nbytes < _STREAM.size:
-            raise ProtocolError(f"a {data.nbytes}-byte message is no stream message")
-        (bulk,) = _STREAM.unpack_from(data)
-        if bulk > self._max_bulk_count:
-            raise ProtocolError(f"{bulk} bulk messages announced, more than {self._max_bulk_count}")
-        self._bulk_due = bulk
-        if data.nbytes > _STREAM.size:
-            self._stream.append(data[_STREAM.size :])
+            if buffer.nbytes:
+                self._stream.append(buffer.data)
 
     def _take_bulk(self, handle: int, offset: int, nbytes: int) -> memoryview:
-        """The bulk group the peer sent as message ``handle``: the frames."""
-        buffer = self._bulk.pop(handle, None)
-        if buffer is None or offset:
-            raise ProtocolError(f"no bulk message {handle} (offset {offset}) has arrived")
-        view = memoryview(buffer).cast("B")
-        self._bulk_bytes -= view.nbytes
-        if view.nbytes != nbytes:
-            raise ProtocolError(f"bulk message {handle} has {view.nbytes} bytes, not {nbytes}")
-        return view
+        """The bulk group the peer sent as message ``handle``: the frames.
+        The peer names it only once it has arrived whole."""
+        entry = self._bulk.pop(handle, None)
+        if entry is None or offset or not entry[0].completed:
+            raise ProtocolError(f"bulk message {handle} (offset {offset}) has not arrived")
+        request, buffer = entry
+        request.check_error()
+        self._bulk_bytes -= buffer.nbytes
+        if buffer.nbytes != nbytes:
+            raise ProtocolError(f"bulk message {handle} has {buffer.nbytes} bytes, not {nbytes}")
+        return buffer.data
 
     def _receive_into(self, buffer: memoryview) -> int:
         stream = self._stream
@@ -420,11 +482,13 @@ class UcxDevice(Device):
         self._decoder.placement = None
         with self._ucx_lock:
             self._endpoint.remove_close_callback()
-            self._endpoint.close()
+            # Pending requests hold the worker: cancel them, then close.
+            self._worker.cancel_inflight_requests()
+            self._endpoint.close_blocking()
             self._inflight.clear()
+            self._receiving.clear()
             self._bulk.clear()
             self._stream.clear()
-            self._receiving = None
             self._endpoint = None
             self._worker = None
         self._epoll.close()
@@ -479,9 +543,13 @@ async def _accept_endpoint(worker: Any, sock: socket.socket, timeout: float) -> 
             await asyncio.sleep(0.001)
     finally:
         del listener
-    for extra in endpoints[1:]:
-        extra.close()
-    return endpoints[0]
+    # The listener's callback keeps ``endpoints``: empty it, or the endpoints
+    # and the worker live on in a cycle through UCX that no collector sees.
+    endpoint, *extra = endpoints
+    endpoints.clear()
+    for other in extra:
+        other.close()
+    return endpoint
 
 
 async def accept(sock: socket.socket, options: DeviceOptions, timeout: float) -> UcxDevice:
@@ -499,6 +567,8 @@ async def connect(peer: PeerOffer, options: DeviceOptions, timeout: float) -> Uc
     if not (isinstance(peer.offer, int) and 0 < peer.offer < 65536):
         raise ProviderUnavailable(f"malformed UCX offer {peer.offer!r}")
     host, _ = parse_host_port(peer.peer_address.split("://", 1)[-1])
+    if ":" in host:
+        raise ProviderUnavailable("ucxx's UCX listeners accept IPv4 only")
     try:
         sock = await asyncio.wait_for(open_connection(host, peer.offer), timeout)
     except (OSError, asyncio.TimeoutError) as e:

@@ -19,10 +19,15 @@ import pytest
 from distributed.comm import connect, listen
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_test
+from ucx_support import needs_ucx
 
 from dask_lcicomm.comm.comm import LCIComm
 
-PROVIDERS = [pytest.param(["shm", "tcp"], id="shm"), pytest.param(["tcp"], id="tcp")]
+PROVIDERS = [
+    pytest.param(["shm", "tcp"], id="shm"),
+    pytest.param(["tcp"], id="tcp"),
+    needs_ucx(["ucx", "tcp"], "ucx"),
+]
 
 
 def host_buffer(a: np.ndarray) -> object:

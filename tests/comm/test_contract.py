@@ -52,6 +52,7 @@ from distributed.comm.core import Comm, Listener
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize
 from distributed.security import Security
 from distributed.utils_test import gen_test
+from ucx_support import needs_ucx
 
 # Import the package before distributed.utils_test: gen_test resets Dask's
 # configuration to the snapshot utils_test took when it was imported, and the
@@ -135,14 +136,17 @@ HOSTS = [
 
 def _variant(progress: str, ndevices: int, completion: str, provider: str = "shm"):
     cfg = {"progress": progress, "ndevices": ndevices, "completion": completion,
-           "providers": [provider, "tcp"] if provider == "shm" else ["tcp"]}
-    return pytest.param(cfg, id=f"{progress}-nd{ndevices}-{completion}-{provider}")
+           "providers": [provider] if provider == "tcp" else [provider, "tcp"]}
+    name = f"{progress}-nd{ndevices}-{completion}-{provider}"
+    return needs_ucx(cfg, name) if provider == "ucx" else pytest.param(cfg, id=name)
 
 
 #: every combination of progress mode x ndevices x completion mode x provider
 ALL_VARIANTS = [
     _variant(p, n, c, v)
-    for p, n, c, v in itertools.product(("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp"))
+    for p, n, c, v in itertools.product(
+        ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx")
+    )
 ]
 #: 6 combinations covering every pair of values of any two of the four knobs
 PAIRWISE_VARIANTS = [
@@ -152,7 +156,17 @@ PAIRWISE_VARIANTS = [
     _variant("thread", 3, "queue", "shm"),
     _variant("poll", 1, "sync", "shm"),
     _variant("poll", 3, "queue", "tcp"),
+    _variant("loop", 1, "queue", "ucx"),
+    _variant("thread", 3, "sync", "ucx"),
+    _variant("poll", 1, "queue", "ucx"),
 ]
+
+
+def _expected_provider(comm_config, host) -> str:
+    """The provider a comm to ``host`` uses: the first configured, except
+    that ucx (whose listeners ucxx binds to IPv4) falls back over IPv6."""
+    first = comm_config["providers"][0]
+    return "tcp" if first == "ucx" and ":" in host else first
 
 
 def variants(params):
@@ -413,7 +427,7 @@ async def test_client_server(host, comm_config):
             )
             try:
                 assert isinstance(comm, Comm)
-                assert comm.extra_info["provider"] == comm_config["providers"][0]
+                assert comm.extra_info["provider"] == _expected_provider(comm_config, host)
                 assert comm.peer_address == listener.contact_address
                 assert comm.local_address.startswith(f"{SCHEME}://")
                 assert get_address_host(comm.local_address) == host

@@ -23,6 +23,9 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
 from distributed.utils_test import gen_cluster
+from ucx_support import needs_ucx
+
+from dask_lcicomm import connections
 
 PROTOCOL = "lci"
 
@@ -214,19 +217,36 @@ def _local_cluster(processes: bool, lci_config: dict | None = None):
 
 
 _THREAD_PROGRESS = {"distributed.comm.lci.progress": "thread", "distributed.comm.lci.ndevices": 2}
+_UCX = {"distributed.comm.lci.providers": ["ucx"]}
 
 
 @pytest.fixture(
-    params=[(True, None), (False, None), (False, _THREAD_PROGRESS)],
-    ids=["processes", "threads", "threads-progress-thread"],
+    params=[
+        pytest.param((True, None), id="processes"),
+        pytest.param((False, None), id="threads"),
+        pytest.param((False, _THREAD_PROGRESS), id="threads-progress-thread"),
+        needs_ucx((True, _UCX), "processes-ucx"),
+        needs_ucx((False, {**_UCX, **_THREAD_PROGRESS}), "threads-progress-thread-ucx"),
+    ],
 )
 def lci_client(request):
     """Worker processes, and in-process workers with the default and with
     thread progress over two devices (in one process every comm and channel
-    shares one parcelport, which is where races between comms show)."""
+    shares one parcelport, which is where races between comms show); and
+    both over UCX alone (no channel may fall back to TCP)."""
     processes, lci_config = request.param
     with _local_cluster(processes=processes, lci_config=lci_config) as (cluster, client):
+        if lci_config and "distributed.comm.lci.providers" in lci_config:
+            _assert_providers(client, {"ucx"})
         yield cluster, client
+
+
+def _assert_providers(client, expected):
+    """Every device of every worker and of the scheduler is on ``expected``."""
+    links = client.run_on_scheduler(connections)
+    for worker_links in client.run(connections).values():
+        links.extend(worker_links)
+    assert links and {link["provider"] for link in links} == expected, links
 
 
 def _assert_lci_cluster(cluster, client):

@@ -21,12 +21,17 @@ from distributed.comm.core import CommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 from tornado.ioloop import IOLoop
+from ucx_support import needs_ucx
 
 from dask_lcicomm import parcelport as parcelport_module
 from dask_lcicomm.parcelport import LINGER, Parcelport
 from dask_lcicomm.providers import shm
 
-PROVIDERS = [pytest.param(["shm", "tcp"], id="shm"), pytest.param(["tcp"], id="tcp")]
+PROVIDERS = [
+    pytest.param(["shm", "tcp"], id="shm"),
+    pytest.param(["tcp"], id="tcp"),
+    needs_ucx(["ucx", "tcp"], "ucx"),
+]
 MODES = ["loop", "thread"]
 
 
