@@ -28,11 +28,13 @@ _PREFIX = "lci"
 
 @dataclass(frozen=True)
 class Host:
-    """One simulated host: a network namespace and its address."""
+    """One simulated host: a network namespace, its address, and the name of the
+    interface that carries it inside the namespace (what ``--interface`` takes)."""
 
     name: str
     address: str
     shm: str | None = None
+    interface: str | None = None
 
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this host's namespace (and with its ``/dev/shm``)."""
@@ -113,7 +115,7 @@ def virtual_hosts(
                     check=True, capture_output=True, text=True,
                 )
             shm = _private_shm(cleanup) if private_shm else None
-            hosts.append(Host(name, str(address), shm))
+            hosts.append(Host(name, str(address), shm, inside))
         yield hosts
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 from distributed import Client
 
 from dask_lcicomm.testing.netns import Host
@@ -66,6 +67,16 @@ class Procs:
         )
         self.procs.append((name, proc, log))
         return proc
+
+    def __enter__(self) -> Procs:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """Stop everything; after a failure print every log first, so that
+        pytest shows what the processes said next to the failure."""
+        if kind is not None:
+            print(self.logs())
+        self.stop()
 
     def check_alive(self):
         for name, proc, _ in self.procs:
@@ -135,19 +146,32 @@ def start_cluster(
     scheduler_host: str,
     worker_hosts: list[str],
     netns: dict[str, Host] | None = None,
+    by_interface: bool = False,
 ) -> str:
     """Start ``dask scheduler`` and one ``dask worker`` per entry of
     ``worker_hosts`` (each listening on that address, inside the simulated
     host of that address when ``netns`` names one); return the scheduler's
-    address once every worker has registered."""
+    address once every worker has registered.
+
+    With ``by_interface`` each process is told the name of its simulated
+    host's interface (``--interface``) instead of its address (``--host``),
+    as on an HPC node where the fabric's interface has a known name."""
     netns = netns or {}
+
+    def listen_on(host: str) -> list[str]:
+        if by_interface:
+            interface = netns[host].interface
+            assert interface is not None, f"no simulated host with an interface at {host}"
+            return ["--interface", interface]
+        return ["--host", host]
+
     scheduler_file = procs.logdir / "scheduler.json"
     procs.start(
         "scheduler",
         [
             *_dask_command("scheduler"),
             "--protocol", protocol,
-            "--host", scheduler_host,
+            *listen_on(scheduler_host),
             "--port", "0",
             "--no-dashboard",
             "--scheduler-file", str(scheduler_file),
@@ -164,7 +188,7 @@ def start_cluster(
                 address,
                 "--nthreads", "1",
                 "--no-dashboard",
-                "--host", host,
+                *listen_on(host),
                 "--name", f"cli-worker-{i}",
                 "--death-timeout", "60",
                 "--local-directory", str(procs.logdir / f"worker{i}"),
@@ -178,3 +202,19 @@ def start_cluster(
             procs.check_alive()
             raise AssertionError(f"workers did not register: {e!r}\n{procs.logs()}") from e
     return address
+
+
+def workers_at(client: Client, protocol: str, host: str) -> list[str]:
+    """The addresses of the workers that listen on ``host``."""
+    return sorted(w for w in client.scheduler_info()["workers"] if w.startswith(f"{protocol}://{host}:"))
+
+
+def move(client: Client, src: list[str], dst: list[str], nbytes: int) -> None:
+    """An array made on ``src`` is summed on ``dst``, so its bytes cross from
+    one to the other, and then gathered by the client."""
+    x = client.submit(np.full, nbytes, 7, dtype="u1", workers=src, pure=False)
+    total = client.submit(np.sum, x, workers=dst, allow_other_workers=False)
+    assert total.result(timeout=CALL_TIMEOUT) == 7 * nbytes
+    assert client.who_has([total])[total.key] == tuple(dst)
+    gathered = x.result(timeout=CALL_TIMEOUT)
+    assert gathered.nbytes == nbytes and int(gathered[-1]) == 7

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
-from cli_cluster import CALL_TIMEOUT, Procs, start_cluster
+from cli_cluster import CALL_TIMEOUT, Procs, move, start_cluster, workers_at
 from distributed import Client
 
 from dask_lcicomm import connections
@@ -25,32 +24,18 @@ NBYTES = 6 << 20
 
 def test_graph_moves_data_both_ways_between_hosts(tmp_path):
     with virtual_hosts(2, private_shm=True) as (a, b):
-        procs = Procs(tmp_path)
-        try:
+        with Procs(tmp_path) as procs:
             address = start_cluster(
                 procs, "lci", a.address, [a.address, b.address], netns={h.address: h for h in (a, b)}
             )
             assert address.startswith(f"lci://{a.address}:")
             with Client(address, timeout=CALL_TIMEOUT) as client:
-                workers = sorted(client.scheduler_info()["workers"])
-                on_a = [w for w in workers if w.startswith(f"lci://{a.address}:")]
-                on_b = [w for w in workers if w.startswith(f"lci://{b.address}:")]
-                assert len(on_a) == len(on_b) == 1, workers
-
+                on_a, on_b = (workers_at(client, "lci", h.address) for h in (a, b))
+                assert len(on_a) == len(on_b) == 1, client.scheduler_info()["workers"]
                 for src, dst in ((on_a, on_b), (on_b, on_a)):
-                    x = client.submit(np.full, NBYTES, 7, dtype="u1", workers=src, pure=False)
-                    total = client.submit(np.sum, x, workers=dst, allow_other_workers=False)
-                    assert total.result(timeout=CALL_TIMEOUT) == 7 * NBYTES
-                    assert client.who_has([total])[total.key] == tuple(dst)
-                    gathered = x.result(timeout=CALL_TIMEOUT)
-                    assert gathered.nbytes == NBYTES and int(gathered[-1]) == 7
+                    move(client, src, dst, NBYTES)
                 _check_providers(client, on_a[0], on_b[0])
             procs.check_alive()
-        except BaseException:
-            print(procs.logs())
-            raise
-        finally:
-            procs.stop()
         assert os.listdir(a.shm) == os.listdir(b.shm) == [], "a host's /dev/shm kept files"
 
 
