@@ -1,6 +1,6 @@
 """Command line:
 
-* ``python -m benchmarks comm [--quick] [--schemes lci,tcp,ucxx] [--baseline PATH] [--json OUT] [--plot DIR]``
+* ``python -m benchmarks comm [--quick] [--schemes NAMES] [--baseline PATH] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks dask [--quick] [--schemes lci,tcp,ucxx] [--baseline PATH] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks all [--quick] [--baseline PATH] [--json OUT] [--plot DIR]``: comm, dask
@@ -62,12 +62,15 @@ def _output_options(command: argparse.ArgumentParser, quick_help: str) -> None:
 
 
 def _schemes_option(command: argparse.ArgumentParser, dest: str = "selection") -> None:
-    from benchmarks.comm import DEFAULT_SCHEMES
+    """``--schemes``; None when not given, so that each command runs its own
+    default (comm adds lci pinned to its providers)."""
+    from benchmarks.comm import DEFAULT_NAMES, DEFAULT_SCHEMES, PINNED
 
     command.add_argument("--schemes", dest=dest, type=_csv, metavar="SCHEMES",
-                         default=list(DEFAULT_SCHEMES),
-                         help=f"comma-separated schemes (default: {','.join(DEFAULT_SCHEMES)}; "
-                         "one that is not installed shows as such in the tables)")
+                         help=f"comma-separated schemes, for comm also {','.join(PINNED)} (lci "
+                         f"pinned to one provider; default: comm {','.join(DEFAULT_NAMES)}, "
+                         f"dask {','.join(DEFAULT_SCHEMES)}; one that is not installed shows "
+                         "as such in the tables)")
 
 
 def _baseline_option(command: argparse.ArgumentParser) -> None:
@@ -97,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Measure Dask comms (distributed.comm listen/connect/read/write): "
         "ping-pong 8 B .. 64 MiB, flood at 8 B and 16 KiB with 1, 4 and 16 senders, "
         "nchains with 1 .. 1024 chains, and the CPU time an idle LocalCluster burns, for "
-        "several schemes in one run, alternating rounds between schemes, and print the "
-        "per-scheme medians. Full run: ~6 minutes on 2 cores for lci and tcp.",
+        "several schemes, and lci pinned to its tcp and ucx providers, in one run, "
+        "alternating rounds between them, and print the medians of each. Full run: ~6 "
+        "minutes on 2 cores for lci and tcp, about 3 more per further configuration.",
     )
     _common_options(comm,
                     quick_help="tiny budgets and 1 round: a smoke run of about half a minute",
@@ -256,7 +260,8 @@ def _run_all(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Every command of :data:`ALL_COMMANDS` (all configured first, so that a
     bad selection stops the run before anything is measured), then all the
     targets in one table."""
-    selections = {"comm": args.schemes, "dask": args.schemes, "variants": args.variants}
+    selections = {"comm": args.schemes, "dask": _schemes_only(args.schemes),
+                  "variants": args.variants}
     configs = {command: _make_config(command, args, selections[command], parser)
                for command in ALL_COMMANDS}
     data: dict[str, Any] = {"command": "all"}
@@ -269,6 +274,14 @@ def _run_all(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"Targets (all):\n{format_verdicts(verdicts)}")
     _write(args, data | {"targets": verdicts_json(verdicts)})
     return 1 if any(data[command]["failed"] for command in ALL_COMMANDS) else 0
+
+
+def _schemes_only(names: list[str] | None) -> list[str] | None:
+    """``names`` without comm's pinned lci configurations, which are no
+    schemes a cluster could be started with."""
+    from benchmarks.comm import PINNED
+
+    return None if names is None else [name for name in names if name not in PINNED] or None
 
 
 def _write_json(args: argparse.Namespace, data: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from benchmarks._budget_rules import tally
 from benchmarks._comm_peers import (
     SERIALIZERS,
     BenchSpec,
+    Server,
     bounded,
     make_message,
     make_payload,
@@ -107,7 +108,8 @@ def measure_round(configuration: Configuration, sizes: tuple[int, ...], budgets:
                     dask_config=configuration.overrides) as client,
         ):
             specs = [_spec(size, budgets) for size in sizes]
-            client.conn.send((expect(server, "ready", STARTUP_TIMEOUT_S), specs))
+            address = expect(server, "ready", STARTUP_TIMEOUT_S)
+            client.conn.send((Server(address, configuration.provider), specs))
             pids = {role: _pid(peer) for role, peer in zip(ROLES, (client, server), strict=True)}
             for spec in specs:
                 on_result(_measure_size(client, pids, spec, budgets, label, round_index))

@@ -25,6 +25,7 @@ from typing import Any
 from benchmarks._comm_peers import (
     BenchSpec,
     Measurement,
+    Server,
     connected_many,
     make_message,
     make_payload,
@@ -55,19 +56,19 @@ def client_main(conn: Connection) -> None:
     run_client(conn, _run_specs)
 
 
-async def _run_specs(conn: Connection, address: str, specs: list[BenchSpec]) -> None:
+async def _run_specs(conn: Connection, server: Server, specs: list[BenchSpec]) -> None:
     for spec in specs:
         try:
-            result = await asyncio.wait_for(_measure(conn, address, spec), spec.timeout_s)
+            result = await asyncio.wait_for(_measure(conn, server, spec), spec.timeout_s)
         except Exception as exc:  # a timeout too: the next payload gets a fresh comm
             send_quietly(conn, ("failed", spec.name, f"{type(exc).__name__}: {exc}"))
         else:
             send_quietly(conn, ("result", spec.name, result))
 
 
-async def _measure(conn: Connection, address: str, spec: BenchSpec) -> LoopResult:
+async def _measure(conn: Connection, server: Server, spec: BenchSpec) -> LoopResult:
     msg = make_message("ping", make_payload(spec.payload_bytes))
-    async with connected_many(address, 1) as (comm,):
+    async with connected_many(server, 1) as (comm,):
         await warm_up(comm, msg, spec.warmup)
         reference = await timed_pings(comm, msg, spec)
         conn.send(("looping", spec.name, None))

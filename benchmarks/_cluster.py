@@ -109,6 +109,16 @@ def workers(client: Any) -> list[str]:
     return sorted(client.nthreads())
 
 
+def link_providers(client: Any) -> dict[str, list[str]]:
+    """The lci providers that the links of the scheduler's process and of
+    each worker run over, asked on each one's own event loop (lci keeps its
+    links per loop), by process: what an lci cluster really ran on."""
+    from dask_lcicomm import connections
+
+    found = {"scheduler": client.run_on_scheduler(connections), **client.run(connections)}
+    return {where: sorted({link["provider"] for link in links}) for where, links in found.items()}
+
+
 def _next_request(conn: Connection) -> Any:
     """Block (idle: no CPU) until the parent asks something; None on EOF."""
     try:

@@ -61,6 +61,21 @@ class BenchSpec:
 
 
 @dataclass(frozen=True)
+class Server:
+    """Where the client connects, and the lci provider every comm to it must
+    run over (None: whichever the scheme picks; see
+    :attr:`benchmarks._harness.Configuration.provider`)."""
+
+    address: str
+    provider: str | None = None
+
+
+class WrongProvider(RuntimeError):
+    """A comm runs over another lci provider than the configuration pins:
+    measuring on would report the fallback's numbers under its label."""
+
+
+@dataclass(frozen=True)
 class Measurement:
     """Raw result: ``count`` operations completed in ``seconds`` wall time.
 
@@ -151,25 +166,25 @@ def client_main(conn: Connection) -> None:
     run_client(conn, _run_specs)
 
 
-SpecRunner = Callable[[Connection, str, list[BenchSpec]], Coroutine[Any, Any, None]]
+SpecRunner = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, None]]
 
 
 def run_client(conn: Connection, run_specs: SpecRunner) -> None:
-    """A client process's body: wait for the server's address and the specs,
+    """A client process's body: wait for the :class:`Server` and the specs,
     then ``run_specs`` them on a fresh event loop."""
     ignore_sigint()
     try:
-        address, specs = conn.recv()
+        server, specs = conn.recv()
     except (EOFError, OSError):
         return  # the parent gave up before sending work
-    asyncio.run(run_specs(conn, address, specs))
+    asyncio.run(run_specs(conn, server, specs))
 
 
-async def _run_specs(conn: Connection, address: str, specs: list[BenchSpec]) -> None:
+async def _run_specs(conn: Connection, server: Server, specs: list[BenchSpec]) -> None:
     for spec in specs:
         try:
             kernel = KERNELS[spec.kind]
-            measurement = await asyncio.wait_for(kernel(address, spec), spec.timeout_s)
+            measurement = await asyncio.wait_for(kernel(server, spec), spec.timeout_s)
         except asyncio.TimeoutError:
             conn.send(("failed", spec.name, f"timed out after {spec.timeout_s:g} s"))
         except Exception as exc:
@@ -199,16 +214,27 @@ def make_message(op: str, payload: np.ndarray) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def connected_many(address: str, n: int) -> AsyncIterator[list[Any]]:
-    """``n`` comms to ``address``, opened one after the other (connecting is
-    not what is measured), all closed on exit."""
+async def connected_many(server: Server, n: int) -> AsyncIterator[list[Any]]:
+    """``n`` comms to ``server``, opened one after the other (connecting is
+    not what is measured), each checked to run over the server's provider;
+    all closed on exit."""
     comms: list[Any] = []
     try:
         for _ in range(n):
-            comms.append(await connect(address, timeout=CONNECT_TIMEOUT_S))
+            comms.append(await connect(server.address, timeout=CONNECT_TIMEOUT_S))
+            check_provider(comms[-1], server.provider)
         yield comms
     finally:
         await asyncio.gather(*(_close(c) for c in comms))
+
+
+def check_provider(comm: Any, wanted: str | None) -> None:
+    """Raise :class:`WrongProvider` unless ``comm`` runs over ``wanted`` (if
+    given), as its ``extra_info`` says."""
+    got = comm.extra_info.get("provider")
+    if wanted is not None and got != wanted:
+        raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
+                            f"{wanted!r} (lci fell back; its log above says why)")
 
 
 async def _close(comm: Any) -> None:
@@ -243,21 +269,21 @@ async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measur
     return Measurement(count, perf_counter() - start)
 
 
-async def pingpong(address: str, spec: BenchSpec) -> Measurement:
+async def pingpong(server: Server, spec: BenchSpec) -> Measurement:
     """Sequential round trips of one message on one comm (latency-bound for
     small payloads, bandwidth-bound for large ones)."""
     msg = make_message("ping", make_payload(spec.payload_bytes))
-    async with connected_many(address, 1) as (comm,):
+    async with connected_many(server, 1) as (comm,):
         await warm_up(comm, msg, spec.warmup)
         return await timed_pings(comm, msg, spec)
 
 
-async def flood(address: str, spec: BenchSpec) -> Measurement:
+async def flood(server: Server, spec: BenchSpec) -> Measurement:
     """Back-to-back one-way writes on ``spec.comms`` comms at once, timed from
     the first write until the server acknowledged every comm's last message,
     so buffered-but-undelivered messages cannot inflate the rate."""
     payload = make_payload(spec.payload_bytes)
-    async with connected_many(address, spec.comms) as comms:
+    async with connected_many(server, spec.comms) as comms:
         await asyncio.gather(*(warm_up(c, make_message("ping", payload), spec.warmup)
                                for c in comms))
         msg = make_message("flood", payload)
@@ -281,11 +307,11 @@ async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: f
     return sent
 
 
-async def nchains(address: str, spec: BenchSpec) -> Measurement:
+async def nchains(server: Server, spec: BenchSpec) -> Measurement:
     """``spec.comms`` comms doing round trips concurrently: latency under
     load, stressing per-comm overhead and the backend's progress engine."""
     msg = make_message("ping", make_payload(spec.payload_bytes))
-    async with connected_many(address, spec.comms) as comms:
+    async with connected_many(server, spec.comms) as comms:
         await asyncio.gather(*(warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
         start = perf_counter()
         deadline = start + spec.duration_s
@@ -295,7 +321,7 @@ async def nchains(address: str, spec: BenchSpec) -> Measurement:
         return Measurement(sum(counts), perf_counter() - start)
 
 
-KERNELS: dict[str, Callable[[str, BenchSpec], Awaitable[Measurement]]] = {
+KERNELS: dict[str, Callable[[Server, BenchSpec], Awaitable[Measurement]]] = {
     "pingpong": pingpong,
     "flood": flood,
     "nchains": nchains,

@@ -53,8 +53,8 @@ import numpy
 import psutil
 from distributed.comm.registry import get_backend
 
-from benchmarks._comm_peers import BenchSpec, Measurement, client_main, server_main
-from benchmarks._idle import IDLE_KIND, measure_idle
+from benchmarks._comm_peers import BenchSpec, Measurement, Server, client_main, server_main
+from benchmarks._idle import IDLE_KIND, N_WORKERS, measure_idle
 from benchmarks._procs import Peer, PeerError, expect, receive, report_origin, spawned
 from benchmarks._progress import SILENT, Progress
 
@@ -238,12 +238,21 @@ class Configuration:
     ``label`` identifies it in rounds, tables and JSON, so it must be unique
     within a run.  The overrides are a tuple of pairs to keep the object
     hashable and their order (as shown) stable.
+
+    ``provider`` pins an lci configuration to one fabric: every comm its
+    peers open, and every link of its idle cluster, must run over it, or the
+    benchmark fails -- lci falls back to tcp when a provider cannot be used,
+    and a silent fallback would put tcp's numbers under this label.
+    ``requires`` is a module (an extra's) without which the configuration
+    shows as "not installed" instead of running.
     """
 
     label: str
     scheme: str
     dask_config: tuple[tuple[str, Any], ...] = ()
     pythonpath: str | None = None
+    provider: str | None = None
+    requires: str | None = None
 
     @classmethod
     def of_scheme(cls, scheme: str) -> Configuration:
@@ -369,12 +378,29 @@ def probe_scheme(scheme: str) -> SchemeStatus:
     return SchemeStatus(True, "ok")
 
 
+def _installed(configuration: Configuration) -> SchemeStatus:
+    """Its scheme loads (:func:`probe_scheme`) and the module it
+    ``requires`` is there -- looked up, not imported: a fabric's bindings
+    may start a runtime on import, which the harness has no use for."""
+    status = probe_scheme(configuration.scheme)
+    module = configuration.requires
+    if status.available and module:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # its parent package missing, or broken
+            found = False
+        if not found:
+            return SchemeStatus(False, "not installed", f"no module {module} (its extra is missing)")
+    return status
+
+
 def probe_configurations(configurations: Sequence[Configuration]) -> dict[str, SchemeStatus]:
     """The status of each configuration, by label.
 
-    A scheme must load (:func:`probe_scheme`); a configuration with Dask
-    overrides must also be accepted where it matters, at start-up in a process
-    of its own: a server peer with the overrides has to come up listening.
+    What a configuration needs must be installed (:func:`_installed`); a
+    configuration with Dask overrides must also be accepted where it
+    matters, at start-up in a process of its own: a server peer with the
+    overrides has to come up listening.
     A setting the backend rejects (a provider it does not ship) thus marks
     its configuration "unavailable" before the run instead of failing every
     round.  A configuration with a ``pythonpath`` (another build) must also
@@ -382,7 +408,7 @@ def probe_configurations(configurations: Sequence[Configuration]) -> dict[str, S
     there (:func:`_build_status`).  The children start all at once, so
     probing costs one start-up.
     """
-    status = {c.label: probe_scheme(c.scheme) for c in configurations}
+    status = {c.label: _installed(c) for c in configurations}
     to_start = [c for c in configurations
                 if (c.dask_config or c.pythonpath) and status[c.label].available]
     with ExitStack() as stack:
@@ -584,7 +610,8 @@ def _comm_answers(
 ) -> Generator[tuple[BenchSpec, Any], None, None]:
     """Each spec with the client's report on it, from a server and a client
     process that both have the configuration's overrides (each side reads its
-    own knobs); both are torn down when the generator finishes or is closed."""
+    own knobs), the client checking its comms' provider if the configuration
+    pins one; both are torn down when the generator finishes or is closed."""
     label, overrides, path = configuration.label, configuration.overrides, configuration.pythonpath
     with (
         spawned(server_main, configuration.scheme, name=f"{label}-server",
@@ -592,7 +619,7 @@ def _comm_answers(
         spawned(client_main, name=f"{label}-client", dask_config=overrides,
                 pythonpath=path) as client,
     ):
-        client.conn.send((_await_server(server), specs))
+        client.conn.send((Server(_await_server(server), configuration.provider), specs))
         deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
         for spec in specs:
             yield spec, receive(client, deadline - monotonic())
@@ -631,7 +658,7 @@ def _run_idle(spec: BenchSpec, configuration: Configuration, round_index: int) -
         measurement = measure_idle(
             configuration.scheme, spec, STARTUP_TIMEOUT_S,
             dask_config=configuration.overrides, label=label,
-            pythonpath=configuration.pythonpath,
+            pythonpath=configuration.pythonpath, provider=configuration.provider,
         )
     except PeerError as exc:
         return Outcome(spec.name, label, round_index, error=str(exc))
@@ -773,6 +800,18 @@ def common_footnotes(report: Report, explanations: Sequence[str] = ()) -> list[s
         machine_note(report),
     ]
     return notes + problem_notes(report)
+
+
+def idle_footnote(spec: BenchSpec, baseline: str) -> str:
+    """What the idle number is, and which way its ratio points."""
+    return (
+        f"{spec.name}: CPU seconds (user+sys) of a whole idle LocalCluster(protocol=<scheme>, "
+        f"n_workers={N_WORKERS}, processes=True) plus Client, i.e. of its process tree "
+        f"(scheduler, client and nannies in one process, one process per worker), over "
+        f"{spec.duration_s:g} s after {spec.settle_s:g} s of settling, scaled to "
+        f"{IDLE_PER_S:g} s; lower is better, so the ratio is {baseline}/<x>: "
+        f">1 means <x> burns less CPU while idle."
+    )
 
 
 def build_notes(report: Report) -> list[str]:

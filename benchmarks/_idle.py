@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks._cluster import N_WORKERS, send_request, started_cluster, workers
+from benchmarks._cluster import N_WORKERS, link_providers, send_request, started_cluster, workers
 from benchmarks._comm_peers import BenchSpec, Measurement
 from benchmarks._procs import Peer, PeerError, expect
 
@@ -36,8 +36,11 @@ SAMPLE_INTERVAL_S = 0.5
 # ---------------------------------------------------------------------- child
 
 
-def answer_workers(client: Any, request: Any) -> tuple[str, list[str]]:
-    """The child's only answer: which workers are connected right now."""
+def answer_idle(client: Any, request: str) -> tuple[str, Any]:
+    """The child's answers: which workers are connected right now, or over
+    which lci providers the cluster's links run (see :func:`link_providers`)."""
+    if request == "providers":
+        return ("providers", link_providers(client))
     return ("workers", workers(client))
 
 
@@ -51,21 +54,25 @@ def measure_idle(
     dask_config: Mapping[str, Any] | None = None,
     label: str | None = None,
     pythonpath: str | None = None,
+    provider: str | None = None,
 ) -> Measurement:
     """Start a cluster on ``scheme``, let it settle, measure its idle CPU time.
 
     ``dask_config`` reaches every process of the cluster (a configuration
     variant), and so does ``pythonpath`` (another build: modules found there
     first); ``label`` names the child process in errors (default: scheme).
+    With ``provider``, every lci link of the cluster must have run over it
+    (asked after the window, so that asking costs the window nothing).
 
     Bounded in wall time by ``startup_timeout_s + spec.timeout_s`` plus the
     teardown of :func:`benchmarks._procs.spawned`, which also stops the
     cluster's processes if the child cannot.  Raises :class:`PeerError` if the
     cluster fails, or if its workers changed during the window (a reconnect or
-    restart would make the CPU time meaningless).
+    restart would make the CPU time meaningless), or if a link ran over
+    another provider (the CPU time would be the fallback's).
     """
     with started_cluster(
-        scheme, answer_workers, startup_timeout_s, label=label, dask_config=dask_config,
+        scheme, answer_idle, startup_timeout_s, label=label, dask_config=dask_config,
         pythonpath=pythonpath,
     ) as (cluster, workers_before):
         deadline = monotonic() + spec.timeout_s
@@ -77,12 +84,23 @@ def measure_idle(
                 f"{cluster.process.name}: workers changed during the idle window "
                 f"({', '.join(workers_before)} -> {', '.join(after)})"
             )
+        if provider is not None:
+            _check_providers(cluster, provider, deadline)
     return measurement
 
 
 def _ask_workers(cluster: Peer, deadline: float) -> list[str]:
     send_request(cluster, "workers")
     return expect(cluster, "workers", deadline - monotonic())
+
+
+def _check_providers(cluster: Peer, provider: str, deadline: float) -> None:
+    send_request(cluster, "providers")
+    found = expect(cluster, "providers", deadline - monotonic())
+    wrong = {where: used for where, used in found.items() if used != [provider]}
+    if wrong:
+        raise PeerError(f"{cluster.process.name}: links over providers {wrong}, not only "
+                        f"{provider!r} (lci fell back; its log above says why)")
 
 
 def _measure_tree(cluster: Peer, window_s: float, deadline: float) -> Measurement:

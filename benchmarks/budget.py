@@ -24,7 +24,6 @@ the samples and round trips of all its rounds.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -58,21 +57,20 @@ from benchmarks._harness import (
     size_name,
 )
 from benchmarks._progress import SILENT, Progress
-from benchmarks.variants import VARIANTS
+from benchmarks.comm import LCI_TCP
+from benchmarks.variants import VARIANTS_BY_NAME
 
 __all__ = ["CONFIGURATIONS", "SIZES", "make_config", "run", "format_table", "to_json"]
 
 #: The payloads: a tiny task message, a small object, a small array chunk.
 SIZES = (8, KiB, 16 * KiB)
 
-_VARIANTS = {v.name: v for v in VARIANTS}
-
 #: What is compared; ucxx shows as not installed where it is not.
 CONFIGURATIONS = (
     Configuration("lci-shm", "lci"),  # shared memory: the default on one host
-    dataclasses.replace(_VARIANTS["poll-500us"].configuration(), label="lci-shm-poll"),
-    dataclasses.replace(_VARIANTS["thread"].configuration(), label="lci-shm-thread"),
-    dataclasses.replace(_VARIANTS["providers-tcp"].configuration(), label="lci-tcp"),
+    VARIANTS_BY_NAME["poll-500us"].configuration("lci-shm-poll"),
+    VARIANTS_BY_NAME["thread"].configuration("lci-shm-thread"),
+    LCI_TCP,
     Configuration.of_scheme("tcp"),
     Configuration.of_scheme("ucxx"),
 )

@@ -59,6 +59,12 @@ def _ucxx_target(benchmark: str, metric: str) -> Target:
     return Target("comm", benchmark, metric, "lci", "ucxx", 2.0, speedup=True)
 
 
+def _ucx_provider_target(benchmark: str, metric: str) -> Target:
+    """lci over its ucx provider no worse than UCX's own Dask backend: the
+    same fabric, so what differs is the backend."""
+    return Target("comm", benchmark, metric, "lci-ucx", "ucxx", 1.0, speedup=True)
+
+
 def _tcp_target(benchmark: str, metric: str, bound: float) -> Target:
     return Target("comm", benchmark, metric, "lci", "tcp", bound, speedup=True)
 
@@ -87,6 +93,12 @@ TARGETS = (
     *(_time_target(graph, 1.05) for graph in ("array", "shuffle", "tree", "amt")),
     *(_ucxx_target(f"pingpong-{size}", "latency") for size in ("8B", "64B", "1KiB")),
     _ucxx_target("pingpong-1MiB", "bandwidth"),
+    # lci over UCX (the fabric between hosts where there is one)
+    _ucx_provider_target("pingpong-8B", "latency"),
+    _ucx_provider_target("pingpong-1MiB", "bandwidth"),
+    _ucx_provider_target("pingpong-64MiB", "bandwidth"),
+    # an idle cluster on UCX must not poll
+    Target("comm", "idle", "cpu", "lci-ucx", "tcp", 1.2, speedup=False),
 )
 
 

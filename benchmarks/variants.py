@@ -10,7 +10,10 @@ with rounds alternating among all of them, so every ratio compares numbers
 taken under the same machine state.
 
 A variant the backend rejects at start-up (a provider it does not ship yet)
-is reported as unavailable in its row; the others run regardless.
+is reported as unavailable in its row, one whose provider needs an extra
+that is missing (ucx: ``ucxx``) as not installed; the others run
+regardless.  A ``providers`` variant is pinned to its first provider: its
+peers fail rather than measure lci's fallback to tcp.
 
 Budget: with 14 configurations a round is long, so the variants measure the
 paper's headline numbers only (:data:`BENCHMARKS`: round trip, flood and
@@ -33,10 +36,10 @@ from benchmarks._harness import (
     Configuration,
     Report,
     RunConfig,
+    idle_footnote,
 )
 from benchmarks._idle import IDLE_KIND
 from benchmarks._progress import SILENT, Progress
-from benchmarks.comm import idle_footnote
 
 __all__ = ["VARIANTS", "VARIANT_NAMES", "BENCHMARKS", "make_config", "run", "format_table",
            "to_json"]
@@ -67,22 +70,35 @@ LCI_CONFIG = "distributed.comm.lci"
 @dataclass(frozen=True)
 class Variant:
     """The default lci configuration with ``knobs`` (keys under
-    :data:`LCI_CONFIG`, typed values as YAML would give them) switched."""
+    :data:`LCI_CONFIG`, typed values as YAML would give them) switched;
+    ``requires`` is the module of the extra it needs (see
+    :class:`~benchmarks._harness.Configuration`)."""
 
     name: str
     knobs: tuple[tuple[str, Any], ...]
+    requires: str | None = None
 
     @classmethod
-    def of(cls, name: str, knobs: Mapping[str, Any]) -> Variant:
-        return cls(name, tuple(knobs.items()))
+    def of(cls, name: str, knobs: Mapping[str, Any], requires: str | None = None) -> Variant:
+        return cls(name, tuple(knobs.items()), requires)
 
     @property
     def dask_config(self) -> dict[str, Any]:
         """The knobs as dotted keys for :func:`dask.config.set`."""
         return {f"{LCI_CONFIG}.{key}": value for key, value in self.knobs}
 
-    def configuration(self) -> Configuration:
-        return Configuration(self.name, DEFAULT.scheme, tuple(self.dask_config.items()))
+    @property
+    def provider(self) -> str | None:
+        """The provider a ``providers`` variant measures: its first, the one
+        lci prefers, which on one host reaches every peer -- so any other
+        would be a fallback."""
+        providers = dict(self.knobs).get("providers")
+        return providers[0] if providers else None
+
+    def configuration(self, label: str | None = None) -> Configuration:
+        """The variant as a contender, under its own name or ``label``."""
+        return Configuration(label or self.name, DEFAULT.scheme, tuple(self.dask_config.items()),
+                             provider=self.provider, requires=self.requires)
 
 
 def _yaml(value: Any) -> str:
@@ -109,12 +125,16 @@ VARIANTS = (
     Variant.of("poll-500us", {"shm-poll-window": "500us"}),
     Variant.of("poll-2ms", {"shm-poll-window": "2ms"}),
     # Shared memory against tcp alone on one host (tcp always carries the
-    # greeting); one of the two restates the shipped default.
+    # greeting); one of the two restates the shipped default.  UCX needs the
+    # ucx extra (ucxx).
     Variant.of("providers-tcp", {"providers": ["tcp"]}),
     Variant.of("providers-shm", {"providers": ["shm", "tcp"]}),
+    Variant.of("providers-ucx", {"providers": ["ucx", "tcp"]}, requires="ucxx"),
 )
 
-VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}
+
+VARIANT_NAMES = tuple(VARIANTS_BY_NAME)
 
 
 def select_variants(names: Iterable[str] | None) -> list[Variant]:

@@ -71,8 +71,9 @@ def assert_figures(folder: Path, names: set[str]) -> None:
 
 
 def assert_scheme_column(data: dict[str, Any], stdout: str, scheme: str, benchmarks: set[str]) -> None:
-    """An optional scheme was either measured in full, or it is marked not
-    installed in the JSON and in the table instead of failing the run."""
+    """An optional scheme (or configuration, by label) was either measured in
+    full, or it is marked not installed in the JSON and in the table instead
+    of failing the run."""
     status = data["status"][scheme]
     if status["available"]:
         assert_all_measured(data, scheme, benchmarks)

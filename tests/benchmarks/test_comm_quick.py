@@ -1,10 +1,16 @@
 """Smoke test for ``python -m benchmarks comm --quick``.
 
-Runs the real CLI once with its default schemes (see :mod:`_cli`) and checks
-that every benchmark the suite promises produced positive numbers for lci
-and tcp (the idle benchmark's CPU time may be zero: an ideal backend), that
-ucxx was either measured or is marked "not installed", and that the figures
-were drawn.  No timing assertions: the CI machines are noisy.
+Runs the real CLI once with its default configurations (see :mod:`_cli`)
+and checks that every benchmark the suite promises produced positive numbers
+for lci, lci over its tcp provider and tcp (the idle benchmark's CPU time may
+be zero: an ideal backend), that ucxx and lci over its ucx provider were
+either measured or are marked "not installed" (without the ucx extra, as in
+CI), and that the figures were drawn.  No timing assertions: the CI machines
+are noisy.
+
+Then, on the harness directly: a configuration pinned to a provider that its
+comms do not run over fails loudly instead of measuring the fallback, and
+one whose extra is missing is "not installed".
 """
 
 from __future__ import annotations
@@ -14,7 +20,14 @@ from typing import Any
 import pytest
 from _cli import assert_all_measured, assert_figures, assert_scheme_column, run_cli
 
-SCHEMES = ("lci", "tcp")
+from benchmarks import comm
+from benchmarks._harness import Configuration, make_run_config, probe_configurations
+
+SCHEMES = ("lci", "lci-tcp", "tcp")
+#: Measured where the ucx extra is installed, else marked "not installed".
+OPTIONAL = ("ucxx", "lci-ucx")
+#: Ratio columns beyond <x>/tcp.
+EXTRA_RATIOS = ("lci/ucxx", "lci-ucx/ucxx")
 SIZES = ("8B", "64B", "1KiB", "16KiB", "64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB")
 BENCHMARKS = {
     *(f"pingpong-{size}" for size in SIZES),
@@ -40,7 +53,11 @@ def test_exit_status(quick_run: dict[str, Any]) -> None:
 
 def test_table_printed(quick_run: dict[str, Any]) -> None:
     stdout = quick_run["proc"].stdout
-    assert "lci/tcp" in stdout
+    # not the first line: UCX may print warnings to stdout before it
+    header = set(next(line for line in stdout.splitlines() if line.startswith("benchmark ")).split())
+    labels = (*SCHEMES, *OPTIONAL)
+    assert set(labels) <= header
+    assert {f"{label}/tcp" for label in labels if label != "tcp"} | set(EXTRA_RATIOS) <= header
     for name in BENCHMARKS:
         assert f"\n{name} " in stdout, name
     assert "CPU s per 10 s idle (lower=better)" in stdout
@@ -51,8 +68,34 @@ def test_positive_numbers(quick_run: dict[str, Any], scheme: str) -> None:
     assert_all_measured(quick_run["data"], scheme, BENCHMARKS)
 
 
-def test_ucxx_measured_or_marked(quick_run: dict[str, Any]) -> None:
-    assert_scheme_column(quick_run["data"], quick_run["proc"].stdout, "ucxx", BENCHMARKS)
+@pytest.mark.parametrize("label", OPTIONAL)
+def test_optional_measured_or_marked(quick_run: dict[str, Any], label: str) -> None:
+    assert_scheme_column(quick_run["data"], quick_run["proc"].stdout, label, BENCHMARKS)
+
+
+def test_pinned_configurations_recorded(quick_run: dict[str, Any]) -> None:
+    """The JSON says which providers lci-tcp and lci-ucx set and are pinned to."""
+    configurations = {c["label"]: c for c in quick_run["data"]["config"]["configurations"]}
+    for label, providers in (("lci-tcp", ["tcp"]), ("lci-ucx", ["ucx", "tcp"])):
+        assert configurations[label]["dask_config"] == {"distributed.comm.lci.providers": providers}
+        assert configurations[label]["provider"] == providers[0]
+    assert configurations["lci-ucx"]["requires"] == "ucxx"
+
+
+@pytest.mark.parametrize("ratio", EXTRA_RATIOS)
+def test_ratio_against_ucxx(quick_run: dict[str, Any], ratio: str) -> None:
+    """A ratio to ucxx wherever both sides have a median (none where one is
+    not installed), and then some."""
+    data = quick_run["data"]
+    values = []
+    for result in data["results"]:
+        medians = [result["per_configuration"][label]["median"] for label in ratio.split("/")]
+        value = result["ratios"][ratio]
+        assert (value is None) == (None in medians), result
+        assert value is None or value > 0, result
+        values.append(value)
+    measured = all(data["status"][label]["available"] for label in ratio.split("/"))
+    assert any(values) == measured
 
 
 def test_targets_judged_or_explained(quick_run: dict[str, Any]) -> None:
@@ -65,14 +108,20 @@ def test_targets_judged_or_explained(quick_run: dict[str, Any]) -> None:
     assert {t["benchmark"] for t in against_tcp} >= {"pingpong-8B", "pingpong-64MiB", "flood-16KiB-x1"}
     for target in against_tcp:
         assert target["ratio"] > 0 and isinstance(target["met"], bool), target
-    against_ucxx = [t for t in targets if "lci/ucxx" in t["wanted"]]
-    assert {t["benchmark"] for t in against_ucxx} >= {"pingpong-8B", "pingpong-1MiB"}
-    for target in against_ucxx:
-        if data["status"]["ucxx"]["available"]:
-            assert target["ratio"] > 0 and isinstance(target["met"], bool), target
-        else:
-            assert target["ratio"] is None and target["met"] is None, target
-            assert target["why_not"] == "ucxx not installed", target
+    for label, baseline, benchmarks in (
+        ("lci", "ucxx", {"pingpong-8B", "pingpong-1MiB"}),
+        ("lci-ucx", "ucxx", {"pingpong-8B", "pingpong-1MiB", "pingpong-64MiB"}),
+        ("lci-ucx", "tcp", {"idle"}),
+    ):
+        judged = [t for t in targets if t["wanted"].startswith(f"{label}/{baseline} ")]
+        assert {t["benchmark"] for t in judged} >= benchmarks, label
+        missing = [x for x in (label, baseline) if not data["status"][x]["available"]]
+        for target in judged:
+            if missing:
+                assert target["ratio"] is None and target["met"] is None, target
+                assert target["why_not"] == f"{missing[0]} not installed", target
+            else:
+                assert target["ratio"] > 0 and isinstance(target["met"], bool), target
 
 
 def test_sweep_and_chains_recorded(quick_run: dict[str, Any]) -> None:
@@ -85,11 +134,13 @@ def test_sweep_and_chains_recorded(quick_run: dict[str, Any]) -> None:
     assert specs["nchains-1024"]["comms"] == 1024
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", [*SCHEMES, "lci-ucx"])
 def test_idle_measured_the_cluster(quick_run: dict[str, Any], scheme: str) -> None:
     """The idle rounds sampled the cluster's whole process tree (the child
     holding scheduler, client and nannies, plus 2 workers), and its CPU time
     is not negative."""
+    if not quick_run["data"]["status"][scheme]["available"]:
+        pytest.skip(f"{scheme} not installed (checked by test_optional_measured_or_marked)")
     raw = quick_run["data"]["raw"]
     rounds = [r for r in raw if r["benchmark"] == "idle" and r["configuration"] == scheme]
     assert rounds
@@ -102,3 +153,34 @@ def test_idle_measured_the_cluster(quick_run: dict[str, Any], scheme: str) -> No
 
 def test_figures_drawn(quick_run: dict[str, Any]) -> None:
     assert_figures(quick_run["out"].parent / "figures", FIGURES)
+
+
+def test_fallback_fails_loudly() -> None:
+    """lci over tcp pinned to shm: every comm and the idle cluster's links
+    run over tcp, so each benchmark fails saying so -- it must not report
+    tcp's numbers under a label that names another provider."""
+    mispinned = Configuration("mispinned", "lci", (("distributed.comm.lci.providers", ["tcp"]),),
+                              provider="shm")
+    config = make_run_config([mispinned], quick=True, rounds=1, only=["pingpong-8B", "idle"])
+    report = comm.run(config)
+    errors = {o.benchmark: o.error for o in report.outcomes}
+    assert set(errors) == {"pingpong-8B", "idle"} and all(errors.values()), errors
+    assert "WrongProvider" in errors["pingpong-8B"] and "'tcp', not 'shm'" in errors["pingpong-8B"]
+    assert "links over providers" in errors["idle"] and "'shm'" in errors["idle"], errors["idle"]
+
+
+def test_missing_extra_is_not_installed() -> None:
+    """A configuration whose extra is missing is marked, never started."""
+    needy = Configuration("needy", "lci", requires="no_such_module_for_lci_benchmarks")
+    status = probe_configurations([needy])["needy"]
+    assert not status.available and status.label == "not installed", status
+    assert "no_such_module_for_lci_benchmarks" in status.detail
+
+
+def test_pinned_configurations_in_the_default_run() -> None:
+    """lci-tcp and lci-ucx run by default, pinned, and may also be chosen alone."""
+    configurations = {c.label: c for c in comm.make_config(quick=True).configurations}
+    assert configurations["lci-tcp"].provider == "tcp"
+    assert configurations["lci-ucx"].provider == "ucx"
+    assert configurations["lci-ucx"].requires == "ucxx"
+    assert comm.make_config(["lci-ucx", "tcp"], quick=True).labels == ("lci-ucx", "tcp")

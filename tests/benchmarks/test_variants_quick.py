@@ -1,10 +1,11 @@
 """Tests of ``python -m benchmarks variants``.
 
-* A ``--quick`` smoke run of the real CLI, restricted to two variants to stay
-  short: every configuration (default lci, tcp and both variants) produced
-  positive numbers for every benchmark, or -- for the shared-memory provider
-  only -- was rejected at start-up and is marked unavailable.  No timing
-  assertions.
+* A ``--quick`` smoke run of the real CLI, restricted to three variants to
+  stay short: every configuration (default lci, tcp and the variants)
+  produced positive numbers for every benchmark, or -- for the shared-memory
+  provider only -- was rejected at start-up and is marked unavailable, or --
+  for the UCX provider only -- is marked not installed (without the ucx
+  extra, as in CI; there it costs no time).  No timing assertions.
 * A configuration the backend rejects at start-up is marked unavailable in
   its row, and the run goes on with the others.
 * Every variant, applied to a peer process the way the harness does it,
@@ -29,7 +30,7 @@ from benchmarks._procs import expect, spawned
 from benchmarks.variants import BENCHMARKS, DEFAULT, VARIANTS, Variant
 from dask_lcicomm.config import Settings
 
-SMOKE_VARIANTS = ("sync", "providers-shm")
+SMOKE_VARIANTS = ("sync", "providers-shm", "providers-ucx")
 LABELS = ("lci", "tcp", *SMOKE_VARIANTS)
 
 #: The two provider variants: one of them restates the shipped default.
@@ -60,16 +61,18 @@ def test_table_says_what_each_variant_set(quick_run: dict[str, Any]) -> None:
     rows = {line.split()[0]: line for line in quick_run["proc"].stdout.splitlines() if line}
     assert "completion=sync" in rows["sync"]
     assert "providers=[shm, tcp]" in rows["providers-shm"]
+    assert "providers=[ucx, tcp]" in rows["providers-ucx"]
 
 
 @pytest.mark.parametrize("label", LABELS)
 def test_measured_or_unavailable(quick_run: dict[str, Any], label: str) -> None:
     data = quick_run["data"]
-    if label == "providers-shm" and not data["status"][label]["available"]:
-        assert data["status"][label]["label"] == "unavailable"
+    excuse = {"providers-shm": "unavailable", "providers-ucx": "not installed"}.get(label)
+    if excuse and not data["status"][label]["available"]:
+        assert data["status"][label]["label"] == excuse
         row = next(line for line in quick_run["proc"].stdout.splitlines()
-                   if line.startswith("providers-shm "))
-        assert row.count("unavailable") == len(BENCHMARKS)
+                   if line.startswith(f"{label} "))
+        assert row.count(excuse) == len(BENCHMARKS)
     else:
         assert_all_measured(data, label, set(BENCHMARKS))
 
@@ -134,3 +137,14 @@ def test_provider_variants_differ() -> None:
     """Of the two provider variants, one may be the default, not both."""
     settings = [v.dask_config for v in VARIANTS if v.name in PROVIDER_VARIANTS]
     assert len(settings) == 2 and settings[0] != settings[1]
+
+
+def test_provider_variants_pinned() -> None:
+    """Each providers variant is pinned to its first provider (its peers fail
+    on a fallback), and the UCX one needs the ucx extra."""
+    for variant in VARIANTS:
+        providers = dict(variant.knobs).get("providers")
+        assert variant.configuration().provider == (providers[0] if providers else None)
+    ucx = next(v for v in VARIANTS if v.name == "providers-ucx").configuration()
+    assert ucx.requires == "ucxx" and ucx.overrides == {
+        "distributed.comm.lci.providers": ["ucx", "tcp"]}
