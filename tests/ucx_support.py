@@ -14,11 +14,17 @@ from dask_lcicomm.providers import ucx
 #: Why the ucx provider cannot run here (ucxx missing, no fabric), or None.
 UCX_MISSING = ucx.unavailable()
 
+if UCX_MISSING is None:
+    # UCX's first worker maps shared segments (unlinked at once) that UCX
+    # keeps for the life of the process: made now, before any test takes
+    # its baseline of what the process holds.
+    ucx._worker()
 
-def needs_ucx(value: Any, id: str) -> Any:
+
+def needs_ucx(*values: Any, id: str) -> Any:
     """A test parameter that is skipped, saying why, where UCX cannot run."""
     return pytest.param(
-        value, id=id,
+        *values, id=id,
         marks=pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}"),
     )
 

@@ -26,7 +26,7 @@ from dask_lcicomm.comm.comm import LCIComm
 PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
     pytest.param(["tcp"], id="tcp"),
-    needs_ucx(["ucx", "tcp"], "ucx"),
+    needs_ucx(["ucx", "tcp"], id="ucx"),
 ]
 
 

@@ -138,7 +138,7 @@ def _variant(progress: str, ndevices: int, completion: str, provider: str = "shm
     cfg = {"progress": progress, "ndevices": ndevices, "completion": completion,
            "providers": [provider] if provider == "tcp" else [provider, "tcp"]}
     name = f"{progress}-nd{ndevices}-{completion}-{provider}"
-    return needs_ucx(cfg, name) if provider == "ucx" else pytest.param(cfg, id=name)
+    return needs_ucx(cfg, id=name) if provider == "ucx" else pytest.param(cfg, id=name)
 
 
 #: every combination of progress mode x ndevices x completion mode x provider

@@ -225,8 +225,8 @@ _UCX = {"distributed.comm.lci.providers": ["ucx"]}
         pytest.param((True, None), id="processes"),
         pytest.param((False, None), id="threads"),
         pytest.param((False, _THREAD_PROGRESS), id="threads-progress-thread"),
-        needs_ucx((True, _UCX), "processes-ucx"),
-        needs_ucx((False, {**_UCX, **_THREAD_PROGRESS}), "threads-progress-thread-ucx"),
+        needs_ucx((True, _UCX), id="processes-ucx"),
+        needs_ucx((False, {**_UCX, **_THREAD_PROGRESS}), id="threads-progress-thread-ucx"),
     ],
 )
 def lci_client(request):

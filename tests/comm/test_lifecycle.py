@@ -30,7 +30,7 @@ from dask_lcicomm.providers import shm
 PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
     pytest.param(["tcp"], id="tcp"),
-    needs_ucx(["ucx", "tcp"], "ucx"),
+    needs_ucx(["ucx", "tcp"], id="ucx"),
 ]
 MODES = ["loop", "thread"]
 
@@ -42,7 +42,7 @@ def resources() -> dict[str, Any]:
     gc.collect()
     fds = set(os.listdir("/proc/self/fd"))
     with open("/proc/self/maps") as f:
-        maps = [line for line in f if "dask-lcicomm" in line]
+        maps = [line for line in f if "dask-lcicomm" in line or "ucx_shm_posix_" in line]
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
     return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads}
 

@@ -2,16 +2,19 @@
 worker on host B, in network namespaces on a private bridge, each host with a
 /dev/shm of its own, and a client in the root namespace. Data moves both ways
 across the (virtual) network; processes on one host talk over shared memory,
-processes on different hosts over tcp.
+processes on different hosts over the next provider configured: tcp, or ucx
+where it is listed (and installed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from cli_cluster import CALL_TIMEOUT, Procs, move, start_cluster, workers_at
 from distributed import Client
+from ucx_support import needs_ucx
 
 from dask_lcicomm import connections
 from dask_lcicomm.testing.netns import unavailable, virtual_hosts
@@ -22,7 +25,13 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no simulated hosts
 NBYTES = 6 << 20
 
 
-def test_graph_moves_data_both_ways_between_hosts(tmp_path):
+@pytest.mark.parametrize(
+    "providers",
+    [pytest.param(["shm", "tcp"], id="shm-tcp"), needs_ucx(["shm", "ucx", "tcp"], id="shm-ucx-tcp")],
+)
+def test_graph_moves_data_both_ways_between_hosts(tmp_path, monkeypatch, providers):
+    # The cluster's processes; the client keeps the default providers.
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__LCI__PROVIDERS", json.dumps(providers))
     with virtual_hosts(2, private_shm=True) as (a, b):
         with Procs(tmp_path) as procs:
             address = start_cluster(
@@ -34,13 +43,14 @@ def test_graph_moves_data_both_ways_between_hosts(tmp_path):
                 assert len(on_a) == len(on_b) == 1, client.scheduler_info()["workers"]
                 for src, dst in ((on_a, on_b), (on_b, on_a)):
                     move(client, src, dst, NBYTES)
-                _check_providers(client, on_a[0], on_b[0])
+                _check_providers(client, on_a[0], on_b[0], between_hosts=providers[1])
             procs.check_alive()
         assert os.listdir(a.shm) == os.listdir(b.shm) == [], "a host's /dev/shm kept files"
 
 
-def _check_providers(client: Client, worker_a: str, worker_b: str) -> None:
-    """Every connection inside host A is shm, every one crossing hosts is tcp."""
+def _check_providers(client: Client, worker_a: str, worker_b: str, between_hosts: str) -> None:
+    """Every connection inside host A is shm, every one between hosts A and
+    B is on ``between_hosts``, the client's (which opens it) on tcp."""
     pids = client.run(os.getpid)
     nannies = client.run(os.getppid)
     scheduler = client.run_on_scheduler(os.getpid)
@@ -54,8 +64,9 @@ def _check_providers(client: Client, worker_a: str, worker_b: str) -> None:
     ]:
         for connection in found:
             here, there = host_of[process], host_of.get(connection["peer_pid"])
-            expected = "shm" if here == there else "tcp"
+            expected = "shm" if here == there else "tcp" if "root" in (here, there) else between_hosts
             assert connection["provider"] == expected, (here, there, connection)
             seen[here, there] = connection["provider"]
     assert seen[("a", "a")] == "shm"
-    assert seen[("a", "b")] == seen[("b", "a")] == seen[("a", "root")] == "tcp"
+    assert seen[("a", "b")] == seen[("b", "a")] == between_hosts
+    assert seen[("a", "root")] == "tcp"

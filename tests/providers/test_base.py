@@ -18,7 +18,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers.base import DeviceClosed, DeviceLost, SendDone
 
 MODES = ["loop", "thread", "poll"]
-PROVIDERS = ["tcp", "shm", needs_ucx("ucx", "ucx")]
+PROVIDERS = ["tcp", "shm", needs_ucx("ucx", id="ucx")]
 
 
 def _messages(events, vc=None):

@@ -1,5 +1,6 @@
-"""Shared memory between real processes: a peer killed in the middle of a
-64 MiB transfer, and a stress run of random traffic under back-pressure."""
+"""Providers between real processes (shared memory, UCX): a peer killed in
+the middle of a 64 MiB transfer, and a stress run of random traffic under
+back-pressure."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from distributed.comm import CommClosedError, connect, listen
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_test
+from ucx_support import needs_ucx
 
 MiB = 1 << 20
 
@@ -69,8 +71,16 @@ def _shm_files() -> set[str]:
 
 
 def _mapped_shm_files() -> list[str]:
+    """Our shared memory still mapped. UCX's first worker maps segments,
+    unlinked at once, that UCX keeps for the life of the process (their
+    number does not grow with devices: test_lifecycle counts them)."""
     with open("/proc/self/maps") as maps:
-        return [line for line in maps if "/dev/shm/" in line]
+        return [line for line in maps if "/dev/shm/" in line and "/dev/shm/ucx_shm_posix_" not in line]
+
+
+def _config(settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` (lci keys with underscores) as Dask configuration."""
+    return {f"distributed.comm.lci.{k.replace('_', '-')}": v for k, v in settings.items()}
 
 
 def _env(**settings: str) -> dict[str, str]:
@@ -80,22 +90,31 @@ def _env(**settings: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("pool", ["256MiB", "0"])
+#: (lci settings, the provider they choose): shm with and without its pool
+#: of blocks for large frames, and UCX alone.
+PEERS = [
+    pytest.param({"shm_pool_size": "256MiB"}, "shm", id="shm-256MiB"),
+    pytest.param({"shm_pool_size": "0"}, "shm", id="shm-0"),
+    needs_ucx({"providers": "[ucx]"}, "ucx", id="ucx"),
+]
+
+
+@pytest.mark.parametrize("settings, provider", PEERS)
 @pytest.mark.parametrize("direction", ["to-peer", "from-peer"])
 @gen_test(timeout=120)
-async def test_peer_killed_mid_transfer(direction, pool):
+async def test_peer_killed_mid_transfer(direction, settings, provider):
     before = _shm_files()
     accepted: asyncio.Queue = asyncio.Queue()
     role = "sink" if direction == "to-peer" else "source"
-    with dask.config.set({"distributed.comm.lci.shm-pool-size": pool}):
+    with dask.config.set(_config(settings)):
         async with listen("lci://127.0.0.1:0", accepted.put) as listener:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _PEER, listener.contact_address, role], env=_env(shm_pool_size=pool)
+                [sys.executable, "-c", _PEER, listener.contact_address, role], env=_env(**settings)
             )
             try:
                 comm = await asyncio.wait_for(accepted.get(), 30)
-                assert await asyncio.wait_for(comm.read(), 30) == "shm"
-                assert comm.extra_info["provider"] == "shm"
+                assert await asyncio.wait_for(comm.read(), 30) == provider
+                assert comm.extra_info["provider"] == provider
                 block = np.ones(64 * MiB, dtype=np.uint8)
 
                 async def transfer():
@@ -140,22 +159,22 @@ def _sizes(rng: np.random.Generator, n: int) -> list[int]:
     return [0, 32 * MiB, *sizes[2:]]
 
 
+@pytest.mark.parametrize("provider", ["shm", needs_ucx("ucx", id="ucx")])
 @gen_test(timeout=600)
-async def test_random_traffic_under_back_pressure_arrives_intact():
+async def test_random_traffic_under_back_pressure_arrives_intact(provider):
     """2000 messages of 0 B .. 32 MiB on 8 comms, echoed by another process,
     with rings, pools and the write high-water mark small enough that
     senders wait and large frames often find the pool full."""
     small = {"shm_ring_size": "256KiB", "shm_pool_size": "8MiB", "shm_pool_blocks": "8",
-             "write_high_water": "4MiB"}
-    config = {f"distributed.comm.lci.{k.replace('_', '-')}": v for k, v in small.items()}
+             "write_high_water": "4MiB", "providers": f"[{provider}]"}
     proc = subprocess.Popen(
         [sys.executable, "-c", _ECHO], env=_env(**small), stdout=subprocess.PIPE, text=True
     )
     try:
         address = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
-        with dask.config.set(config):
+        with dask.config.set(_config(small)):
             comms = [await connect(address.strip()) for _ in range(8)]
-        assert {c.extra_info["provider"] for c in comms} == {"shm"}
+        assert {c.extra_info["provider"] for c in comms} == {provider}
         sizes = _sizes(np.random.default_rng(42), 2000)
         plan = [[(i, sizes[i]) for i in range(j, len(sizes), len(comms))] for j in range(len(comms))]
 

@@ -1,0 +1,101 @@
+"""The ucx provider's own cases: hostile messages from a UCX peer, bulk
+groups out of band, and two event loops of one process each on UCX.
+The cases every provider shares are in test_base.py and test_processes.py."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from distributed.utils_test import gen_test
+from ucx_support import UCX_MISSING
+
+from dask_lcicomm import connections
+from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
+from dask_lcicomm.providers import ucx
+from dask_lcicomm.providers.base import DeviceLost
+
+pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
+
+
+def _lost(events):
+    return [e for e in events if isinstance(e, DeviceLost)]
+
+
+def _raw_send(sender, data: bytes, tag: int) -> None:
+    """Send ``data`` with ``tag`` on ``sender``'s endpoint, as a peer that
+    does not follow the protocol would."""
+    from ucxx._lib.arr import Array
+
+    sender.device._endpoint.tag_send(Array(data), ucx._tag(tag))
+
+
+def _unsent_group() -> bytes:
+    """A parcel whose PLACED record names bulk message 7, never sent."""
+    parcel = OutgoingParcel(1, 0, [bytes(100_000)], 1024, 65536)
+    parcel.place(0, 7, 0)
+    units = []
+    while not parcel.done:
+        units.extend(bytes(b) for b in parcel.next_unit())
+    return b"".join(units)
+
+
+HOSTILE = {
+    "unknown tag": (b"x" * 16, 1 << 40),
+    "garbage in the stream": (b"not a parcel stream at all", 0),
+    "placed group that never arrived": (_unsent_group(), 0),
+    "bulk message over the limit": (bytes(2 << 20), ucx._BULK | 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+@gen_test(timeout=30)
+async def test_a_hostile_ucx_peer_loses_its_device_alone(endpoint_pair, case):
+    """The device that received it closes, reporting a protocol violation;
+    a second device next to it keeps working."""
+    data, tag = HOSTILE[case]
+    limits = Limits(max_message_bytes=1 << 20)
+    with endpoint_pair("loop", provider="ucx", limits=limits) as (a, b), \
+            endpoint_pair("loop", provider="ucx") as (c, d):
+        _raw_send(a, data, tag)
+        await b.wait_for(lambda ev: bool(_lost(ev)))
+        assert _lost(b.events)[0].violation, _lost(b.events)
+        c.send(3, OutgoingParcel(3, 0, [b"still here", np.ones(200_000, np.uint8)], 1024, 65536))
+        await d.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
+
+
+@gen_test(timeout=30)
+async def test_a_small_parcel_passes_a_large_one_in_flight(endpoint_pair):
+    """The large parcel's bulk group travels out of band: the small parcel
+    written after it on another virtual connection is delivered first."""
+    with endpoint_pair("loop", provider="ucx") as (a, b):
+        a.send(1, OutgoingParcel(1, 0, [np.ones(64 << 20, np.uint8)], 1024, 65536))
+        a.send(2, OutgoingParcel(2, 0, [b"small"], 1024, 65536))
+        await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 2, timeout=30)
+        assert [e.vc for e in b.events if isinstance(e, Message)] == [2, 1]
+
+
+def test_two_event_loops_of_one_process_both_progress():
+    """A LocalCluster's loop and a Client's loop in another thread, both on
+    UCX alone: each loop has its own parcelport and UCX workers (the
+    deadlock of several loops sharing UCX, dask-cuda#863, cannot happen)."""
+    with dask.config.set({"distributed.comm.lci.providers": ["ucx"]}), LocalCluster(
+        protocol="lci", host="127.0.0.1", processes=False, n_workers=2, threads_per_worker=1,
+        dashboard_address=":0",
+    ) as cluster:
+        results: dict[str, object] = {}
+
+        def use_from_another_thread() -> None:
+            with Client(cluster.scheduler_address, timeout=30) as client:
+                x = client.submit(np.arange, 1 << 20, workers=[sorted(cluster.workers)[0]], pure=False)
+                results["sum"] = client.submit(np.sum, x).result(timeout=30)
+                results["providers"] = {c["provider"] for c in client.run_on_scheduler(connections)}
+
+        thread = threading.Thread(target=use_from_another_thread)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the client's loop stopped progressing"
+    assert results == {"sum": (1 << 20) * ((1 << 20) - 1) // 2, "providers": {"ucx"}}
