@@ -8,13 +8,18 @@ where it is listed (and installed).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 
+import dask
 import pytest
 from cli_cluster import CALL_TIMEOUT, Procs, move, start_cluster, workers_at
 from distributed import Client
-from ucx_support import needs_ucx
+from distributed.comm import connect
+from distributed.comm.core import FatalCommClosedError
+from ucx_support import UCX_MISSING, needs_ucx
 
 from dask_lcicomm import connections
 from dask_lcicomm.testing.netns import unavailable, virtual_hosts
@@ -70,3 +75,24 @@ def _check_providers(client: Client, worker_a: str, worker_b: str, between_hosts
     assert seen[("a", "a")] == "shm"
     assert seen[("a", "b")] == seen[("b", "a")] == between_hosts
     assert seen[("a", "root")] == "tcp"
+
+
+
+@pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
+def test_no_ucx_path_to_a_peer_is_a_clear_error_at_once(tmp_path, monkeypatch):
+    """Peers on fabrics that do not meet: UCX in the root namespace offers
+    only eth0 and lo (it does not list the bridge the simulated hosts hang
+    on), so it has no path to a host's scheduler. With ucx as the only
+    provider the connect fails within 5 s, naming ucx (no 30 s retry loop)."""
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__LCI__PROVIDERS", '["shm", "ucx", "tcp"]')
+    with virtual_hosts(1, private_shm=True) as (a,), Procs(tmp_path) as procs:
+        address = start_cluster(procs, "lci", a.address, [a.address], netns={a.address: a})
+
+        async def connect_here() -> None:
+            with dask.config.set({"distributed.comm.lci.providers": ["ucx"]}):
+                await connect(address, timeout=30)
+
+        start = time.monotonic()
+        with pytest.raises(FatalCommClosedError, match="ucx: "):
+            asyncio.run(connect_here())
+        assert time.monotonic() - start < 5
