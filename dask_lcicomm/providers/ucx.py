@@ -17,9 +17,12 @@ received into. The tag says what a message is:
   frames handed to Dask. The tag numbers it; the parcel names that number
   (a PLACED record, see :mod:`dask_lcicomm.parcel`).
 
-A parcel with bulk groups joins the stream only once they have reached the
-peer: a writer's send completes when its frames are there, and the small
-parcels of other virtual connections flow past a large one meanwhile.
+A parcel whose bulk groups are larger than a send batch joins the stream
+only once they have reached the peer: a writer's send completes when its
+frames are there, and the small parcels of other virtual connections flow
+past a large one meanwhile. A parcel with smaller groups is sent at once,
+behind them: the receiver reads the stream on only once they have arrived,
+which costs later parcels little and spares this one a round trip.
 
 The endpoint is set up over a TCP side socket that the listener offers in
 its greeting: the accepting side opens a UCX listener for exactly one
@@ -32,6 +35,7 @@ race between the two paths.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import select
@@ -63,9 +67,12 @@ from dask_lcicomm.providers.tcp import bind, open_connection
 
 logger = logging.getLogger(__name__)
 
-#: Tags: a stream message, or bulk message number ``n`` (``_BULK | n``).
-_STREAM_TAG = 0
+#: Tags: bulk message number ``n`` is ``_BULK | n`` (``| _PROMPT`` if its
+#: parcel was sent at once); a stream message's tag is the number of prompt
+#: bulk messages sent before it, which must have arrived before it is read.
 _BULK = 1 << 63
+_PROMPT = 1 << 62
+_NUMBER = _PROMPT - 1
 #: An orderly end of output, on the side socket: how many messages were sent.
 _END = struct.Struct("<Q")
 _SETUP = struct.Struct("<I")
@@ -78,11 +85,19 @@ _PROBES = 64
 _PROGRESS_ROUNDS = 16
 
 
+@functools.cache
 def _ucx() -> Any:
     """The ucxx bindings, imported on first use (``ImportError`` without them)."""
     import ucxx._lib.libucxx as ucx
 
     return ucx
+
+
+@functools.cache
+def _array_type() -> Any:
+    from ucxx._lib.arr import Array
+
+    return Array
 
 
 class _Context:
@@ -127,13 +142,17 @@ def _worker() -> Any:
 
 
 def _array(buffer: Any) -> Any:
-    from ucxx._lib.arr import Array
-
-    return Array(buffer)
+    return _array_type()(buffer)
 
 
 def _tag(value: int) -> Any:
     return _ucx().UCXXTag(value)
+
+
+@functools.cache
+def _any_tag() -> tuple[Any, Any]:
+    """The tag and mask that match every message."""
+    return _ucx().UCXXTag(0), _ucx().UCXXTagMask(0)
 
 
 class _Waiting:
@@ -176,7 +195,8 @@ class UcxDevice(Device):
         # The worker's descriptor and the side socket behind one descriptor.
         self._epoll = select.epoll()
         self._epoll.register(worker.epoll_file_descriptor, select.EPOLLIN)
-        self._epoll.register(sock.fileno(), select.EPOLLIN)
+        self._side_fd = sock.fileno()
+        self._epoll.register(self._side_fd, select.EPOLLIN)
         self._fd = self._epoll.fileno()
         # Lock order: waiting, then the device lock, then UCX (called from
         # the event loop for sends and from progress).
@@ -189,13 +209,21 @@ class UcxDevice(Device):
         self._waiting: dict[int, deque[_Waiting]] = {}
         self._waiting_bytes = 0
         self._finish_when_sent = False
+        # The output ends once UCX has finished the sends in flight.
+        self._end_after_sends = False
         self._inflight: deque[tuple[Any, int, Any, _Waiting | None]] = deque()
         self._inflight_bytes = 0
         self._sent = 0
         self._bulk_sent = 0
+        self._prompt_sent = 0
+        self._prompt_bytes = options.batch_bytes
         # Receive side: stream messages being received, in order; bulk
         # messages by number until their parcel takes them.
-        self._receiving: deque[tuple[Any, np.ndarray]] = deque()
+        self._receiving: deque[tuple[Any, np.ndarray, int]] = deque()
+        # Prompt bulk messages in arrival order, until they are complete.
+        self._prompt: deque[Any] = deque()
+        self._prompt_seen = 0
+        self._prompt_done = 0
         self._received = 0
         self._stream: deque[memoryview] = deque()
         self._bulk: dict[int, tuple[Any, np.ndarray]] = {}
@@ -214,38 +242,51 @@ class UcxDevice(Device):
     # -- sending ---------------------------------------------------------
 
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
-        """Bulk groups leave at once, out of band; their parcel joins the
-        stream once they have arrived, so that a large message never holds
-        up the small ones of other virtual connections."""
+        """Bulk groups leave at once, out of band. A parcel with large ones
+        joins the stream once they have arrived, so that it never holds up
+        the small parcels of other virtual connections; one with small ones
+        follows them at once, as prompt bulk messages."""
+        parcel = unit if type(unit) is OutgoingParcel and unit.bulk_groups else None
         with self._waiting_lock:
-            waiting = self._waiting.get(vc)
-            if waiting is None and not (type(unit) is OutgoingParcel and unit.bulk_groups):
-                return super().put(vc, unit, token)
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
+            waiting = self._waiting.get(vc)
+            if waiting is None and (parcel is None or self._fits_prompt(parcel)):
+                if parcel is not None:
+                    self._send_bulk(parcel, None)
+                return super().put(vc, unit, token)
             held = _Waiting(unit, token)
-            if type(unit) is OutgoingParcel and unit.bulk_groups:
-                self._send_bulk(unit, held)
+            if parcel is not None:
+                self._send_bulk(parcel, held)
             self._waiting.setdefault(vc, deque()).append(held)
             self._waiting_bytes += unit.nbytes
             # Small bulk messages may have gone at once.
             return self._release_ready()
 
-    def _send_bulk(self, parcel: OutgoingParcel, held: _Waiting) -> None:
+    def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
+        return all(sum(v.nbytes for v in views) <= self._prompt_bytes for views in parcel.bulk_groups)
+
+    def _send_bulk(self, parcel: OutgoingParcel, held: _Waiting | None) -> None:
         """Send each bulk group of ``parcel`` as a message of its own; the
-        parcel then carries only their numbers."""
+        parcel then carries only their numbers. Without ``held`` they are
+        prompt: the parcel follows at once."""
         with self._ucx_lock:
             for group, views in enumerate(parcel.bulk_groups):
                 message = views[0] if len(views) == 1 else b"".join(views)
                 parcel.place(group, self._bulk_sent, 0)
-                held.bulk_out += 1
-                self._post(message, _BULK | self._bulk_sent, 0, held)
+                tag = _BULK | self._bulk_sent
+                if held is None:
+                    tag |= _PROMPT
+                    self._prompt_sent += 1
+                else:
+                    held.bulk_out += 1
+                self._post(message, _tag(tag), 0, held)
                 self._bulk_sent += 1
 
-    def _post(self, message: Any, tag: int, nbytes: int, held: _Waiting | None) -> None:
-        """Hand ``message`` to UCX (under the UCX lock); ``nbytes`` of it
-        count against the stream's bytes in flight."""
-        request = self._endpoint.tag_send(_array(message), _tag(tag))
+    def _post(self, message: Any, tag: Any, nbytes: int, held: _Waiting | None) -> None:
+        """Hand ``message`` to UCX with ``tag`` (under the UCX lock);
+        ``nbytes`` of it count against the stream's bytes in flight."""
+        request = self._endpoint.tag_send(_array(message), tag)
         self._sent += 1
         if request.completed:
             self._completed(request, held)
@@ -273,6 +314,9 @@ class UcxDevice(Device):
                 self._completed(request, held)
             else:
                 inflight.append(entry)
+        if self._end_after_sends and not inflight:
+            self._end_after_sends = False
+            self._send_end()
 
     def _release_waiting(self) -> None:
         """Send the parcels whose bulk messages have all arrived; end the
@@ -309,11 +353,13 @@ class UcxDevice(Device):
         return super().flush() and not self._waiting
 
     def finish(self) -> bool:
+        """As for any device, but done only once UCX has finished every send:
+        closing the worker earlier would abort the transfers under way."""
         with self._waiting_lock:
             if self._waiting:
                 self._finish_when_sent = True
                 return False
-        return super().finish()
+        return super().finish() and not self._end_after_sends
 
     def _lose(self, reason: str) -> list[Any] | None:
         tokens = super()._lose(reason)
@@ -340,8 +386,7 @@ class UcxDevice(Device):
             self._reap()
             if self._inflight_bytes >= self._max_inflight:
                 raise BlockingIOError
-            self._post(b"".join(taken), _STREAM_TAG, n, None)
-            self._armed = False
+            self._post(b"".join(taken), _tag(self._prompt_sent), n, None)
         return n
 
     # -- receiving -------------------------------------------------------
@@ -349,7 +394,8 @@ class UcxDevice(Device):
     def on_readable(self) -> bool:
         if self.released:
             return False
-        self._take_side_socket()
+        if self._side_fd in dict(self._epoll.poll(0)):
+            self._take_side_socket()
         with self._ucx_lock:
             try:
                 self._progress()
@@ -369,49 +415,60 @@ class UcxDevice(Device):
         for _ in range(_PROGRESS_ROUNDS):
             self._worker.progress()
             self._reap()
-            self._take_arrivals()
-            if self._stream:
-                self._armed = False
-                return
-            if self._worker.arm():
+            if self._take_arrivals() and self._worker.arm():
                 self._armed = True
                 return
         self._armed = False
 
-    def _take_arrivals(self) -> None:
+    def _take_arrivals(self) -> bool:
         """Receive what arrived, in order: each message into a buffer of its
         length, allocated once that length passed the limits. Stream messages
         are taken in order once complete; bulk messages are set aside by
-        number, so later stream messages are taken while one is in flight."""
+        number, so later stream messages are taken while one is in flight.
+        False when messages may be left in UCX's queue (no event will say
+        so: the worker must not be armed)."""
         worker = self._worker
+        any_tag = _any_tag()
+        drained = False
         for _ in range(_PROBES):
-            probe = worker.tag_probe(_tag(0), _ucx().UCXXTagMask(0), remove=True)
+            probe = worker.tag_probe(*any_tag, remove=True)
             if not probe.matched:
+                drained = True
                 break
             self._received += 1
             tag, nbytes = probe.sender_tag.value, probe.length
             if tag & _BULK:
-                handle = tag & ~_BULK
+                handle = tag & _NUMBER
                 self._bulk_bytes += nbytes
                 if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
                     raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
                 if handle in self._bulk:
                     raise ProtocolError(f"bulk message {handle} arrived twice")
                 buffer = np.empty(nbytes, np.uint8)
-                self._bulk[handle] = (worker.tag_recv_with_handle(_array(buffer), probe), buffer)
-            elif tag == _STREAM_TAG:
+                request = worker.tag_recv_with_handle(_array(buffer), probe)
+                self._bulk[handle] = (request, buffer)
+                if tag & _PROMPT:
+                    self._prompt.append(request)
+                    self._prompt_seen += 1
+            else:
+                if tag > self._prompt_seen:
+                    raise ProtocolError(f"a stream message waits for {tag} prompt bulk messages, "
+                                        f"{self._prompt_seen} came")
                 if nbytes > self._max_bulk_bytes:
                     raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
                 buffer = np.empty(nbytes, np.uint8)
-                self._receiving.append((worker.tag_recv_with_handle(_array(buffer), probe), buffer))
-            else:
-                raise ProtocolError(f"a message with the unknown tag {tag:#x}")
+                self._receiving.append((worker.tag_recv_with_handle(_array(buffer), probe), buffer, tag))
+        prompt = self._prompt
+        while prompt and prompt[0].completed:
+            prompt.popleft()
+            self._prompt_done += 1
         receiving = self._receiving
-        while receiving and receiving[0][0].completed:
-            request, buffer = receiving.popleft()
+        while receiving and receiving[0][0].completed and receiving[0][2] <= self._prompt_done:
+            request, buffer, _ = receiving.popleft()
             request.check_error()
             if buffer.nbytes:
                 self._stream.append(buffer.data)
+        return drained
 
     def _take_bulk(self, handle: int, offset: int, nbytes: int) -> memoryview:
         """The bulk group the peer sent as message ``handle``: the frames.
@@ -448,7 +505,7 @@ class UcxDevice(Device):
         """Whether the peer's output is over: all it said it sent arrived,
         or it is gone (its last words lost with it)."""
         if self._end is not None:
-            return self._received >= self._end
+            return self._received >= self._end and not self._receiving
         return self._peer_gone or self._failed is not None
 
     def _take_side_socket(self) -> None:
@@ -463,7 +520,7 @@ class UcxDevice(Device):
             (self._end,) = _END.unpack(data)
         elif not data:
             self._peer_gone = True
-            self._epoll.unregister(self._sock.fileno())
+            self._epoll.unregister(self._side_fd)
 
     def _endpoint_closed(self, *args: Any) -> None:
         self._failed = self._failed or "the UCX endpoint failed"
@@ -471,12 +528,22 @@ class UcxDevice(Device):
     # -- ending ----------------------------------------------------------
 
     def _shutdown(self, both: bool) -> None:
-        if not both:
-            try:
-                self._sock.send(_END.pack(self._sent))
-            except OSError:
-                pass
-        shut_socket(self._sock, both)
+        if both:
+            shut_socket(self._sock, both=True)
+            return
+        with self._ucx_lock:
+            if self._inflight:
+                self._end_after_sends = True
+            else:
+                self._send_end()
+
+    def _send_end(self) -> None:
+        """End the output: say how many messages were sent (under the UCX lock)."""
+        try:
+            self._sock.send(_END.pack(self._sent))
+        except OSError:
+            pass
+        shut_socket(self._sock, both=False)
 
     def _close_transport(self) -> None:
         self._decoder.placement = None
@@ -487,6 +554,7 @@ class UcxDevice(Device):
             self._endpoint.close_blocking()
             self._inflight.clear()
             self._receiving.clear()
+            self._prompt.clear()
             self._bulk.clear()
             self._stream.clear()
             self._endpoint = None

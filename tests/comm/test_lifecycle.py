@@ -48,12 +48,13 @@ def resources() -> dict[str, Any]:
 
 
 def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
-    """No more fds or segments than at ``baseline`` (garbage of earlier tests
-    may go meanwhile), and the same progress threads."""
+    """No more fds, segments or progress threads than at ``baseline``
+    (what earlier tests left may go meanwhile: a progress thread of theirs
+    still winding down, say)."""
     return (
         now["fds"] <= baseline["fds"]
         and now["segments mapped"] <= baseline["segments mapped"]
-        and now["progress threads"] == baseline["progress threads"]
+        and set(now["progress threads"]) <= set(baseline["progress threads"])
     )
 
 
