@@ -577,7 +577,10 @@ async def _receive_setup(sock: socket.socket) -> dict[str, Any]:
     (n,) = _SETUP.unpack(head)
     if n > _MAX_SETUP_BYTES:
         raise ProviderUnavailable(f"a {n}-byte UCX setup message is too long")
-    message = json.loads(await _receive_exactly(loop, sock, n))
+    try:
+        message = json.loads(await _receive_exactly(loop, sock, n))
+    except ValueError as e:
+        raise ProviderUnavailable(f"malformed UCX setup message: {e}") from e
     if not isinstance(message, dict):
         raise ProviderUnavailable("malformed UCX setup message")
     return message

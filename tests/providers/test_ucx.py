@@ -4,6 +4,7 @@ The cases every provider shares are in test_base.py and test_processes.py."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import dask
@@ -17,6 +18,7 @@ from dask_lcicomm import connections
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
 from dask_lcicomm.providers import ucx
 from dask_lcicomm.providers.base import DeviceLost
+from dask_lcicomm.providers.registry import ProviderUnavailable
 
 pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
 
@@ -99,3 +101,20 @@ def test_two_event_loops_of_one_process_both_progress():
         thread.join(timeout=60)
         assert not thread.is_alive(), "the client's loop stopped progressing"
     assert results == {"sum": (1 << 20) * ((1 << 20) - 1) // 2, "providers": {"ucx"}}
+
+
+@pytest.mark.parametrize("message", [b"\x05\x00\x00\x00{nope", b"\x02\x00\x00\x00[]", b"\xff\xff\xff\xff"])
+@gen_test(timeout=30)
+async def test_a_malformed_setup_message_refuses_that_peer(message):
+    """What a peer sends on the setup socket is bounded and checked: garbage
+    is ProviderUnavailable (that peer refused), never another error."""
+    near, far = socket.socketpair()
+    try:
+        near.setblocking(False)
+        far.sendall(message)
+        far.shutdown(socket.SHUT_WR)
+        with pytest.raises(ProviderUnavailable):
+            await ucx._receive_setup(near)
+    finally:
+        near.close()
+        far.close()
