@@ -122,4 +122,3 @@ def shm_links(socks, layout):
         ShmLink(socks[i], peers[1 - i], layout, regions[i], layout, names[i], names[1 - i])
         for i in range(2)
     ]
-
