@@ -119,9 +119,10 @@ class Parcelport:
         )
         self._identity: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
         self._bootstrap = registry.get(registry.BOOTSTRAP)
-        self.unusable = self._unusable(registry.offered(settings))
+        offered = registry.offered(settings)
+        self.unusable = self._unusable(offered)
         self.bootstrap_allowed = registry.bootstrap_allowed(settings)
-        self._offered = [p for p in registry.offered(settings) if p.name not in self.unusable]
+        self._offered = [p for p in offered if p.name not in self.unusable]
         self._upgrades = [p for p in registry.upgrades(settings) if p in self._offered]
         self._links: set[Link] = set()
         self._channels: dict[str, Channel] = {}

@@ -126,6 +126,13 @@ class _Context:
             return cls._context
 
 
+@functools.cache
+def _setup_errors() -> tuple[type[BaseException], ...]:
+    """What setting a device up may raise when the peer or UCX cannot do
+    it: each means "not over UCX with this peer", never a crash."""
+    return (OSError, ValueError, asyncio.TimeoutError, _ucx().UCXError)
+
+
 def unavailable() -> str | None:
     """Why this process cannot use UCX at all, or None."""
     try:
@@ -625,9 +632,12 @@ async def _accept_endpoint(worker: Any, sock: socket.socket, timeout: float) -> 
 
 async def accept(sock: socket.socket, options: DeviceOptions, timeout: float) -> UcxDevice:
     """The accepting side of the setup, on a connection to the side socket."""
-    request = await asyncio.wait_for(_receive_setup(sock), timeout)
-    worker = _worker()
-    endpoint = await _accept_endpoint(worker, sock, timeout)
+    try:
+        request = await asyncio.wait_for(_receive_setup(sock), timeout)
+        worker = _worker()
+        endpoint = await _accept_endpoint(worker, sock, timeout)
+    except _setup_errors() as e:
+        raise ProviderUnavailable(f"UCX setup failed: {type(e).__name__}: {e}") from e
     return UcxDevice(
         worker, endpoint, sock, options, str(request.get("peer", "")), str(request.get("local", ""))
     )
@@ -653,7 +663,7 @@ async def connect(peer: PeerOffer, options: DeviceOptions, timeout: float) -> Uc
         worker = _worker()
         endpoint = worker.create_endpoint_from_hostname(host, port, True)
         return UcxDevice(worker, endpoint, sock, options, peer.local_address, peer.peer_address)
-    except (OSError, ValueError, asyncio.TimeoutError) as e:
+    except _setup_errors() as e:
         sock.close()
         raise ProviderUnavailable(f"UCX setup failed: {type(e).__name__}: {e}") from e
     except BaseException:

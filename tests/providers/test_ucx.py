@@ -30,9 +30,7 @@ def _lost(events):
 def _raw_send(sender, data: bytes, tag: int) -> None:
     """Send ``data`` with ``tag`` on ``sender``'s endpoint, as a peer that
     does not follow the protocol would."""
-    from ucxx._lib.arr import Array
-
-    sender.device._endpoint.tag_send(Array(data), ucx._tag(tag))
+    sender.device._endpoint.tag_send(ucx._array(data), ucx._tag(tag))
 
 
 def _unsent_group() -> bytes:
@@ -115,6 +113,21 @@ async def test_a_malformed_setup_message_refuses_that_peer(message):
         far.shutdown(socket.SHUT_WR)
         with pytest.raises(ProviderUnavailable):
             await ucx._receive_setup(near)
+    finally:
+        near.close()
+        far.close()
+
+
+@gen_test(timeout=30)
+async def test_a_peer_silent_on_the_setup_socket_is_refused_as_unavailable():
+    """The accepting side's setup fails as ProviderUnavailable, whatever
+    failed (here the wait for the peer's request), as the connecting side's
+    does."""
+    near, far = socket.socketpair()
+    try:
+        near.setblocking(False)
+        with pytest.raises(ProviderUnavailable, match="TimeoutError"):
+            await ucx.accept(near, None, timeout=0.05)
     finally:
         near.close()
         far.close()
