@@ -49,12 +49,15 @@ from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
 from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create
+from dask_lcicomm.providers.spare_core import SpareCore
 
 logger = logging.getLogger(__name__)
 
 _SETUP_BYTES = 4096
 _MAX_ADDRESS = 512
 _DOORBELL = b"\1"
+#: Whether a device may poll now (one reading per millisecond per process).
+_spare_core = SpareCore(period=1e-3)
 
 
 def unavailable() -> str | None:
@@ -300,8 +303,11 @@ class ShmDevice(Device):
         if not n:
             raise BlockingIOError
         if self._poll_window:
-            # A reply is likely: keep polling for it (if still awake).
-            self._poll_until = time.monotonic() + self._poll_window
+            # A reply is likely: keep polling for it (if still awake and a
+            # core is free).
+            now = time.monotonic()
+            if _spare_core(now):
+                self._poll_until = now + self._poll_window
         return n
 
     def _receive_into(self, buffer: memoryview) -> int:
@@ -312,8 +318,11 @@ class ShmDevice(Device):
         n = reader.read_into(buffer)
         if self._poll_window:
             now = time.monotonic()
-            if n:
-                self._poll_until = now + self._poll_window
+            if n or now < self._poll_until:
+                if not _spare_core(now):
+                    self._poll_until = 0.0  # others want the cores: sleep
+                elif n:
+                    self._poll_until = now + self._poll_window
             if now < self._poll_until:
                 # Stay awake: the engine comes back while input is pending.
                 return self._received(reader, n)
