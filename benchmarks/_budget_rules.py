@@ -89,7 +89,8 @@ def _is_codec(f: Frame) -> bool:
 
 
 def _is_dask_comm(f: Frame) -> bool:
-    return f.within("distributed", "comm") or (f.within("tornado") and f.named("iostream.py"))
+    return (f.within("distributed", "comm") or (f.within("tornado") and f.named("iostream.py"))
+            or (f.within("benchmarks") and f.named("_floor_comm.py")))
 
 
 def _is_event_loop(f: Frame) -> bool:
@@ -126,8 +127,9 @@ RULES: tuple[Rule, ...] = (
     Rule("codec", "dask_lcicomm/parcel.py: parcel encode/decode", _is_codec),
     Rule("lci", "the rest of dask_lcicomm: comm, vconn, parcelport, link, progress, providers",
          lambda f: f.within("dask_lcicomm")),
-    Rule("dask comm", "distributed.comm other than to/from_frames, and tornado's IOStream "
-         "(the transport of tcp://)", _is_dask_comm),
+    Rule("dask comm", "distributed.comm other than to/from_frames, tornado's IOStream "
+         "(the transport of tcp://), and floor://'s comm (benchmarks/_floor_comm.py)",
+         _is_dask_comm),
     Rule("event loop", "asyncio (run_once, Handle._run, futures and tasks waking up), "
          "selectors, tornado's IOLoop on asyncio", _is_event_loop),
     Rule(OTHER, "the benchmark's own loop (benchmarks/), and any stack no rule matches",

@@ -29,6 +29,7 @@ from distributed.comm import connect, listen
 from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
+from benchmarks import _floor_comm  # noqa: F401  (registers floor://)
 from benchmarks._procs import ignore_sigint, send_quietly
 
 SERIALIZERS = ("dask", "pickle")

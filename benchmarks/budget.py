@@ -4,7 +4,9 @@
 The comm benchmark says how long a round trip takes; this says what it is made
 of.  For each payload (8 B, 1 KiB, 16 KiB, in the ping-pong's message shape)
 and each configuration (lci over shared memory, lci over its tcp provider,
-Dask's tcp, ucxx when installed), the ping-pong's client and server run in
+Dask's tcp, ucxx when installed, and ``floor://``: Dask's serialization over
+bare asyncio streams, the least a Dask comm does, see
+:mod:`benchmarks._floor_comm`), the ping-pong's client and server run in
 their own processes while py-spy samples both of them (see
 :mod:`benchmarks._budget_measure`) and their CPU times are read from
 ``/proc``.  Per process and round trip of the same loop, the kernel time is
@@ -45,6 +47,7 @@ from benchmarks._budget_rules import (
     TORN,
     WAIT,
 )
+from benchmarks._floor_comm import SCHEME as FLOOR
 from benchmarks._harness import (
     Configuration,
     KiB,
@@ -73,6 +76,8 @@ CONFIGURATIONS = (
     LCI_TCP,
     Configuration.of_scheme("tcp"),
     Configuration.of_scheme("ucxx"),
+    # The least a Dask comm does here: Dask's serialization over asyncio streams.
+    Configuration.of_scheme(FLOOR),
 )
 
 #: Budgets as ``(quick, full)``: windows, sampling rate, rounds, and the
@@ -275,7 +280,7 @@ _ROW_NAMES = {
     "syscalls": "syscalls and doorbells",
     "codec": "lci codec (parcel.py)",
     "lci": "lci layers (rest of dask_lcicomm)",
-    "dask comm": "Dask comm layer (+ tornado streams)",
+    "dask comm": "Dask comm layer (+ tornado streams; floor's comm)",
     "other": "other on CPU (benchmark loop)",
     WAIT: "wait: neither process on CPU",
 }

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from _cli import assert_figures, run_cli
 
-MEASURED = ("lci-shm", "lci-shm-poll", "lci-shm-thread", "lci-tcp", "tcp")
+MEASURED = ("lci-shm", "lci-shm-poll", "lci-shm-thread", "lci-tcp", "tcp", "floor")
 SIZES = ("8B", "1KiB", "16KiB")
 
 #: How far a sum of categories may be from the round trip (float rounding only:
@@ -65,6 +65,15 @@ def test_budget_adds_up(quick_run: dict[str, Any], size: str, label: str) -> Non
     assert budget["pair"]["serialization"] > 0
     on_cpu = {k: v for k, v in budget["pair"].items() if k != "wait"}
     assert all(v >= 0 for v in on_cpu.values()), on_cpu
+
+
+def test_floor_spends_nothing_in_lci(quick_run: dict[str, Any]) -> None:
+    """floor:// is Dask's serialization over asyncio streams: its comm code
+    counts as a comm layer, and no sample of it lands in lci's rows."""
+    for size in SIZES:
+        pair = quick_run["data"]["budget"][size]["floor"]["pair"]
+        assert pair["dask comm"] > 0
+        assert pair["codec"] == 0 and pair["lci"] == 0
 
 
 def test_lci_used_its_providers(quick_run: dict[str, Any]) -> None:
