@@ -72,7 +72,6 @@ SIZES = (8, KiB, 16 * KiB)
 CONFIGURATIONS = (
     Configuration("lci-shm", "lci"),  # shared memory: the default on one host
     VARIANTS_BY_NAME["poll-500us"].configuration("lci-shm-poll"),
-    VARIANTS_BY_NAME["ahead-300us"].configuration("lci-shm-ahead"),
     VARIANTS_BY_NAME["thread"].configuration("lci-shm-thread"),
     LCI_TCP,
     Configuration.of_scheme("tcp"),

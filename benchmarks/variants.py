@@ -124,10 +124,6 @@ VARIANTS = (
     Variant.of("poll-100us", {"shm-poll-window": "100us"}),
     Variant.of("poll-500us", {"shm-poll-window": "500us"}),
     Variant.of("poll-2ms", {"shm-poll-window": "2ms"}),
-    # How long a shm receiver rung ahead of a parcel spins for it (the
-    # shipped default is 0: the parcel rings once it is in the ring).
-    Variant.of("ahead-300us", {"shm-wake-ahead": "300us"}),
-    Variant.of("ahead-300us-poll-500us", {"shm-wake-ahead": "300us", "shm-poll-window": "500us"}),
     # Shared memory against tcp alone on one host (tcp always carries the
     # greeting); one of the two restates the shipped default.  UCX needs the
     # ucx extra (ucxx).

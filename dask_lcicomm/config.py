@@ -102,7 +102,6 @@ class Settings:
     shm_pool_size: int
     shm_pool_blocks: int
     shm_poll_window: float
-    shm_wake_ahead: float
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -141,5 +140,4 @@ class Settings:
             shm_pool_size=round_up(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
             shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
             shm_poll_window=_non_negative("shm-poll-window", _seconds("shm-poll-window", c)),
-            shm_wake_ahead=_non_negative("shm-wake-ahead", _seconds("shm-wake-ahead", c)),
         )

@@ -96,10 +96,6 @@ class VirtualConnection:
                 raise self._closed_error("closed")
         return inbox.popleft()
 
-    def wake_ahead(self) -> None:
-        """A message is about to be serialized for :meth:`send`."""
-        self._link.device.wake_ahead()
-
     async def send(self, frames: Sequence[Buffer]) -> int:
         """Queue one message; returns its size once the device can take more."""
         if self._closed or self._peer_closed is not None:

@@ -37,12 +37,7 @@ class Endpoint:
             accepting=accepting,
         )
         if isinstance(transport, ShmLink):
-            self.device = ShmDevice(
-                transport,
-                options,
-                device_kwargs.pop("poll_window", 0.0),
-                device_kwargs.pop("wake_ahead", 0.0),
-            )
+            self.device = ShmDevice(transport, options, device_kwargs.pop("poll_window", 0.0))
         elif isinstance(transport, UcxTransport):
             self.device = ucx.UcxDevice(*transport, options, "lci://a:1", "lci://b:2")
         else:

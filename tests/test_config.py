@@ -52,8 +52,6 @@ def test_dask_config_overrides():
         ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
         ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
         ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
-        ("SHM_WAKE_AHEAD", "1ms", "shm_wake_ahead", 1e-3),
-        ("SHM_WAKE_AHEAD", "0", "shm_wake_ahead", 0.0),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
@@ -76,7 +74,6 @@ def test_environment_variables_override(variable, value, field, expected):
         ("shm-pool-size", -1, "shm-pool-size"),
         ("shm-pool-blocks", 0, "shm-pool-blocks"),
         ("shm-poll-window", "-1ms", "shm-poll-window"),
-        ("shm-wake-ahead", "-1ms", "shm-wake-ahead"),
         ("ndevices", 0, "ndevices"),
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),

@@ -86,7 +86,6 @@ class LCIComm(Comm):
         if self._vconn.closed:
             self.abort()
             raise CommClosedError(f"{self!r}: write on a closed comm")
-        self._vconn.wake_ahead()  # the peer wakes while we serialize
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload,

@@ -13,8 +13,7 @@
  *          that release the GIL. map_shared() maps a descriptor into a new
  *          Region that owns the mapping and holds no descriptor (Python's
  *          mmap keeps a duplicate of it open): the mapping goes when the
- *          Region and every Lease of it are freed. wait_change() spins,
- *          without the GIL, until a word changes or a deadline passes.
+ *          Region and every Lease of it are freed.
  * Lease    a slice of a Region exported through the buffer protocol. When
  *          the last object using it (memoryview, numpy array, ...) is freed,
  *          it stores 1 with release ordering into its flag word: the writer
@@ -27,7 +26,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 /* Copies at least this large run without the GIL. */
 #define NOGIL_COPY_BYTES (64 * 1024)
@@ -225,52 +223,6 @@ Region_lease(RegionObject *self, PyObject *args)
     return (PyObject *)lease;
 }
 
-static inline void
-cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static uint64_t
-monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* Spin until the word differs from value or timeout_ns passed; the GIL is
- * released meanwhile, so other threads of the process run. */
-static PyObject *
-Region_wait_change(RegionObject *self, PyObject *args)
-{
-    Py_ssize_t offset;
-    unsigned long long value, timeout_ns;
-    if (!PyArg_ParseTuple(args, "nKK", &offset, &value, &timeout_ns))
-        return NULL;
-    _Atomic uint64_t *word = region_word(self, offset);
-    if (word == NULL)
-        return NULL;
-    uint64_t now;
-    Py_BEGIN_ALLOW_THREADS
-    uint64_t deadline = monotonic_ns() + timeout_ns;
-    for (;;) {
-        now = atomic_load_explicit(word, memory_order_acquire);
-        if (now != value)
-            break;
-        for (int i = 0; i < 64; i++)
-            cpu_relax();
-        if (monotonic_ns() >= deadline)
-            break;
-    }
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLongLong(now);
-}
-
 static PyObject *
 Region_len(RegionObject *self, void *closure)
 {
@@ -288,9 +240,6 @@ static PyMethodDef Region_methods[] = {
      "write(offset, data): copy a contiguous buffer in (without the GIL when large)."},
     {"read_into", (PyCFunction)Region_read_into, METH_VARARGS,
      "read_into(offset, buffer): fill a writable buffer from the region."},
-    {"wait_change", (PyCFunction)Region_wait_change, METH_VARARGS,
-     "wait_change(offset, value, timeout_ns) -> int: spin without the GIL until the word"
-     " at offset is not value or timeout_ns passed; the word's last value (acquire)."},
     {"lease", (PyCFunction)Region_lease, METH_VARARGS,
      "lease(offset, nbytes, flag_offset) -> Lease: the bytes as a buffer; when the"
      " lease is freed, 1 is stored (release) at flag_offset."},

@@ -26,9 +26,6 @@ class Region:
         """Copy a contiguous buffer in (without the GIL when large)."""
     def read_into(self, offset: int, buffer: WriteableBuffer, /) -> None:
         """Fill a writable buffer from the region."""
-    def wait_change(self, offset: int, value: int, timeout_ns: int, /) -> int:
-        """Spin without the GIL until the word at ``offset`` is not ``value`` or
-        ``timeout_ns`` passed; the word's last value (acquire)."""
     def lease(self, offset: int, nbytes: int, flag_offset: int, /) -> Lease:
         """The bytes as a buffer; freeing the lease stores 1 (release) at ``flag_offset``."""
 

@@ -239,11 +239,6 @@ class Device(ABC):
         """Whether :meth:`on_readable` left input that no readiness event will announce."""
         return False
 
-    def wake_ahead(self) -> None:  # noqa: B027 (a no-op unless a provider can ring ahead)
-        """A parcel is about to be made for the peer. A provider that can
-        wake a sleeping peer before the parcel exists does so here, so that
-        the wake-up overlaps the making; the rest need do nothing."""
-
     def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
         """Queue ``unit`` on virtual connection ``vc``; :meth:`flush` sends it.
 

@@ -55,13 +55,7 @@ logger = logging.getLogger(__name__)
 
 _SETUP_BYTES = 4096
 _MAX_ADDRESS = 512
-#: Doorbells: "a parcel is (or is about to be) in the ring", and "ring
-#: space came back" (for a sender waiting for it, which has no parcel to
-#: poll for).
-_PARCEL_BELL = b"\1"
-_SPACE_BELL = b"\2"
-#: Longest spin for an announced parcel before the event loop gets a turn.
-_SPIN_SLICE = 50e-6
+_DOORBELL = b"\1"
 #: Whether a device may poll now (one reading per millisecond per process).
 _spare_core = SpareCore(period=1e-3)
 
@@ -214,24 +208,15 @@ class ShmDevice(Device):
     provider = "shm"
     watch_writable = False
 
-    def __init__(
-        self,
-        link: ShmLink,
-        options: DeviceOptions,
-        poll_window: float = 0.0,
-        wake_ahead: float = 0.0,
-    ) -> None:
+    def __init__(self, link: ShmLink, options: DeviceOptions, poll_window: float = 0.0) -> None:
         super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
         self._fd = link.sock.fileno()
         self._shared: _Shared | None = _Shared(link)
         self._peer_gone = False
         self._poll_window = poll_window
-        self._wake_ahead = wake_ahead
-        # Until when the receiving side polls the ring instead of sleeping:
-        # after traffic, and for a parcel a doorbell announced.
+        # Until when the receiving side polls the ring instead of sleeping.
         self._poll_until = 0.0
-        self._announced_until = 0.0
 
     def fileno(self) -> int:
         return self._fd
@@ -284,40 +269,22 @@ class ShmDevice(Device):
         shared = self._shared
         if shared is None:
             return False
-        if self._take_doorbell() and self._wake_ahead:
-            now = time.monotonic()
-            if _spare_core(now):
-                self._announced_until = now + self._wake_ahead
+        self._take_doorbell()
         shared.reader.woken()
         self.resume_blocked_sends()
         return super().on_readable()
 
-    def _take_doorbell(self) -> bool:
-        """Read the pending doorbells (a side rings at most once per sleep of
-        the other for each of its two bells; another keeps the socket
-        readable and brings us back): True if one announced a parcel."""
+    def _take_doorbell(self) -> None:
+        """Read one doorbell. A side rings at most once per sleep of the
+        other, so one is what is pending; another keeps the socket readable
+        and brings us back."""
         try:
-            bells = self._sock.recv(16)
+            if not self._sock.recv(16):
+                self._peer_gone = True
         except (BlockingIOError, InterruptedError):
-            return False
+            pass
         except OSError:
-            bells = b""
-        if not bells:
             self._peer_gone = True
-        return _PARCEL_BELL in bells
-
-    def wake_ahead(self) -> None:
-        """Ring a sleeping peer before the parcel is made: it wakes while we
-        serialize and polls for the parcel (``wake_ahead`` seconds at most).
-        Ringing clears the peer's ASLEEP flag as publishing does, so the
-        parcel rings again only if the peer went back to sleep meanwhile:
-        the ring's handshake (see :mod:`.shm_ring`) is unchanged."""
-        shared = self._shared
-        if not self._wake_ahead or shared is None or not _spare_core(time.monotonic()):
-            return
-        with self._lock:
-            if self._lost is None and shared.writer.wake_receiver():
-                self._ring(_PARCEL_BELL)
 
     def _transmit(self, buffers: deque[Any]) -> int:
         shared = self._shared
@@ -332,7 +299,7 @@ class ShmDevice(Device):
             logger.warning("closing shm device to %s: %s", self.peer_address, e)
             raise ConnectionAbortedError(str(e)) from e
         if n and writer.wake_receiver():
-            self._ring(_PARCEL_BELL)
+            self._ring()
         if not n:
             raise BlockingIOError
         if self._poll_window:
@@ -349,17 +316,6 @@ class ShmDevice(Device):
             raise ConnectionAbortedError("device released")
         reader = shared.reader
         n = reader.read_into(buffer)
-        if not n and self._announced_until:
-            remaining = self._announced_until - time.monotonic()
-            if remaining > 0:
-                # Spin for the announced parcel, without the GIL, in slices
-                # between which the event loop runs (input stays pending).
-                reader.wait(min(remaining, _SPIN_SLICE))
-                n = reader.read_into(buffer)
-                if not n:
-                    return self._received(reader, n)
-        if n or self._announced_until:
-            self._announced_until = 0.0
         if self._poll_window:
             now = time.monotonic()
             if n or now < self._poll_until:
@@ -379,15 +335,15 @@ class ShmDevice(Device):
         freed; nothing read is the end of input once the peer is gone."""
         if n:
             if reader.sender_waiting():
-                self._ring(_SPACE_BELL)
+                self._ring()
             return n
         if self._peer_gone:
             return 0
         raise BlockingIOError
 
-    def _ring(self, bell: bytes) -> None:
+    def _ring(self) -> None:
         try:
-            self._sock.send(bell)
+            self._sock.send(_DOORBELL)
         except OSError:
             # Full: a doorbell is pending anyway. Gone: reading will tell.
             pass
@@ -443,7 +399,7 @@ class ShmProvider(Provider):
 
         async def handshake(conn: socket.socket) -> Device:
             link = await accept(conn, layout, timeout)
-            return ShmDevice(link, options, *_polling(settings))
+            return ShmDevice(link, options, _poll_window(settings))
 
         close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
@@ -455,21 +411,18 @@ class ShmProvider(Provider):
             peer.offer, peer.pid, _layout(settings),
             peer.local_address, peer.peer_address, connect_timeout(),
         )
-        return ShmDevice(link, options, *_polling(settings))
+        return ShmDevice(link, options, _poll_window(settings))
 
 
 def _layout(settings: Settings) -> Layout:
     return Layout(settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
 
 
-def _polling(settings: Settings) -> tuple[float, float]:
-    """How long a device polls after traffic, and for an announced parcel:
-    only when the event loop makes progress. A progress thread polling would
-    hold the GIL the event loop needs (8 B round trips measured 4.3x slower
-    than without)."""
-    if settings.progress != "loop":
-        return 0.0, 0.0
-    return settings.shm_poll_window, settings.shm_wake_ahead
+def _poll_window(settings: Settings) -> float:
+    """How long a device polls after traffic: only when the event loop makes
+    progress. A progress thread polling would hold the GIL the event loop
+    needs (8 B round trips measured 4.3x slower than without)."""
+    return settings.shm_poll_window if settings.progress == "loop" else 0.0
 
 
 PROVIDER = ShmProvider()

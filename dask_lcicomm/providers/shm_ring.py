@@ -160,11 +160,6 @@ class RingReader:
         region.exchange(ASLEEP, 0)
         return False
 
-    def wait(self, timeout: float) -> None:
-        """Spin, without the GIL, until bytes arrive or ``timeout`` seconds
-        pass (for bytes the sender announced: a short wait)."""
-        self._region.wait_change(TAIL, self._tail, int(timeout * 1e9))
-
     def woken(self) -> None:
         """A doorbell rang: the sender cleared ASLEEP."""
         self.asleep = False

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from _cli import assert_figures, run_cli
 
-MEASURED = ("lci-shm", "lci-shm-poll", "lci-shm-ahead", "lci-shm-thread", "lci-tcp", "tcp", "floor")
+MEASURED = ("lci-shm", "lci-shm-poll", "lci-shm-thread", "lci-tcp", "tcp", "floor")
 SIZES = ("8B", "1KiB", "16KiB")
 
 #: How far a sum of categories may be from the round trip (float rounding only:
@@ -81,7 +81,6 @@ def test_lci_used_its_providers(quick_run: dict[str, Any]) -> None:
     for size in SIZES:
         assert budget[size]["lci-shm"]["provider"] == "shm"
         assert budget[size]["lci-shm-poll"]["provider"] == "shm"
-        assert budget[size]["lci-shm-ahead"]["provider"] == "shm"
         assert budget[size]["lci-shm-thread"]["provider"] == "shm"
         assert budget[size]["lci-tcp"]["provider"] == "tcp"
 

@@ -148,7 +148,7 @@ ALL_VARIANTS = [
         ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx")
     )
 ]
-#: combinations covering every pair of values of any two of the four knobs, and polling shm
+#: 6 combinations covering every pair of values of any two of the four knobs
 PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "shm"),
     _variant("loop", 3, "sync", "tcp"),
@@ -159,13 +159,6 @@ PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "ucx"),
     _variant("thread", 3, "sync", "ucx"),
     _variant("poll", 1, "queue", "ucx"),
-    # shm devices that poll after traffic and spin for parcels rung ahead
-    # (where a core is free; either way the doorbell protocol must hold)
-    pytest.param(
-        {"progress": "loop", "ndevices": 1, "completion": "queue", "providers": ["shm", "tcp"],
-         "shm-poll-window": "500us", "shm-wake-ahead": "300us"},
-        id="loop-nd1-queue-shm-polling",
-    ),
 ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import mmap
 import os
-import threading
 import time
 
 import numpy as np
@@ -32,33 +31,6 @@ def test_words_load_store_exchange(region):
 def test_words_outside_the_region_are_refused(region, offset):
     with pytest.raises(IndexError):
         region.load(offset)
-
-
-def test_wait_change_returns_at_once_for_a_word_already_changed(region):
-    region.store(0, 7)
-    assert region.wait_change(0, 6, 10**12) == 7
-
-
-def test_wait_change_gives_up_at_its_timeout(region):
-    start = time.monotonic()
-    assert region.wait_change(0, 0, 20_000_000) == 0
-    assert 0.02 <= time.monotonic() - start < 5
-
-
-def test_wait_change_lets_other_threads_run_while_it_spins(region):
-    """The store comes from a Python thread: it can only run if the spin
-    released the GIL."""
-    timer = threading.Timer(0.01, region.store, (8, 42))
-    timer.start()
-    try:
-        assert region.wait_change(8, 0, 30 * 10**9) == 42
-    finally:
-        timer.cancel()
-
-
-def test_wait_change_outside_the_region_is_refused(region):
-    with pytest.raises(IndexError):
-        region.wait_change(1 << 16, 0, 1)
 
 
 def test_unaligned_words_are_refused(region):

@@ -10,12 +10,10 @@ import logging
 import os
 import socket
 
-import dask.config
 import numpy as np
 import pytest
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
@@ -66,9 +64,9 @@ def _count_doorbells(device):
     rung = []
     ring = device._ring
 
-    def counted(bell):
+    def counted():
         rung.append(1)
-        ring(bell)
+        ring()
 
     device._ring = counted
     return rung
@@ -123,104 +121,6 @@ async def test_polling_stops_when_its_window_is_over(endpoint_pair, spare_core):
         assert rung == [1]
 
 
-@pytest.mark.parametrize(
-    "progress, expected", [("loop", (0.25, 0.003)), ("thread", (0.0, 0.0)), ("poll", (0.0, 0.0))]
-)
-def test_devices_poll_only_with_loop_progress(progress, expected):
-    """A polling progress thread would hold the GIL the event loop needs."""
-    with dask.config.set({"distributed.comm.lci.progress": progress,
-                          "distributed.comm.lci.shm-poll-window": "250ms",
-                          "distributed.comm.lci.shm-wake-ahead": "3ms"}):
-        assert shm._polling(Settings.from_config()) == expected
-
-
-async def _until(condition, what, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"not {what} within {timeout} s"
-        await asyncio.sleep(0.005)
-
-
-def _record_doorbells(device):
-    """What each doorbell ``device`` takes says: True if it announced a parcel."""
-    taken = []
-    take = device._take_doorbell
-
-    def recorded():
-        taken.append(take())
-        return taken[-1]
-
-    device._take_doorbell = recorded
-    return taken
-
-
-async def _asleep_after_first_message(a, b):
-    """Send one message; return once ``b`` has it and sleeps again."""
-    a.send(1, _parcel(0, [b"first"]))
-    await b.wait_for(lambda ev: len(_messages(ev)) == 1)
-    await _until(lambda: b.device._shared.reader.asleep, "asleep")
-
-
-@gen_test(timeout=60)
-async def test_a_peer_rung_ahead_polls_for_the_parcel(endpoint_pair, spare_core):
-    """The doorbell rung before serializing wakes the peer, which polls until
-    the parcel is there: publishing it rings nothing more."""
-    with endpoint_pair("loop", provider="shm", wake_ahead=30.0) as (a, b):
-        await _asleep_after_first_message(a, b)
-        rung = _count_doorbells(a.device)
-        taken = _record_doorbells(b.device)
-        a.device.wake_ahead()
-        assert rung == [1]
-        await _until(lambda: True in taken, "woken")
-        await asyncio.sleep(0.05)
-        assert b.device.input_pending  # still polling: nothing came yet
-        a.send(1, _parcel(1, [b"second"]))
-        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
-        assert rung == [1]
-        await _until(lambda: b.device._shared.reader.asleep, "asleep after the parcel")
-
-
-@gen_test(timeout=60)
-async def test_a_peer_rung_ahead_sleeps_again_when_no_parcel_comes(endpoint_pair, spare_core):
-    with endpoint_pair("loop", provider="shm", wake_ahead=0.2) as (a, b):
-        await _asleep_after_first_message(a, b)
-        rung = _count_doorbells(a.device)
-        taken = _record_doorbells(b.device)
-        a.device.wake_ahead()
-        await _until(lambda: True in taken, "woken")
-        await _until(lambda: b.device._shared.reader.asleep, "asleep after its window")
-        a.send(1, _parcel(1, [b"second"]))
-        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
-        assert rung == [1, 1]  # asleep again: the parcel rang for itself
-
-
-@gen_test(timeout=60)
-async def test_no_ringing_ahead_without_a_spare_core(endpoint_pair, spare_core):
-    spare_core["spare"] = False
-    with endpoint_pair("loop", provider="shm", wake_ahead=30.0) as (a, b):
-        await _asleep_after_first_message(a, b)
-        rung = _count_doorbells(a.device)
-        a.device.wake_ahead()
-        assert rung == []
-        a.send(1, _parcel(1, [b"second"]))
-        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
-        assert rung == [1]
-
-
-@gen_test(timeout=60)
-async def test_a_space_doorbell_announces_no_parcel(endpoint_pair, spare_core):
-    """Returned ring space wakes a waiting sender, which must not poll for a
-    parcel nobody announced."""
-    with endpoint_pair("loop", provider="shm", wake_ahead=30.0) as (a, b):
-        await _asleep_after_first_message(a, b)
-        taken = _record_doorbells(b.device)
-        a.device._ring(shm._SPACE_BELL)
-        await _until(lambda: taken, "woken")
-        assert taken == [False]
-        await _until(lambda: b.device._shared.reader.asleep, "asleep at once", timeout=1.0)
-
-
 @gen_test(timeout=60)
 async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
     with endpoint_pair("loop", provider="shm", pool=2 * MiB) as (a, b):
@@ -253,7 +153,7 @@ async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplo
 async def test_an_overrun_ring_closes_the_device(endpoint_pair):
     with endpoint_pair("loop", provider="shm") as (a, b):
         a.device._shared.tx.store(TAIL, 2**40)
-        a.device._ring(shm._PARCEL_BELL)
+        a.device._ring()
         await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
         assert "overran the ring" in next(e for e in b.events if isinstance(e, DeviceLost)).reason
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -120,18 +118,3 @@ def test_credits_never_handed_out_are_a_protocol_error(ring, head):
     sender.store(HEAD, head)
     with pytest.raises(ProtocolError, match="credits it never had"):
         writer.write([bytes(PAGE)])
-
-
-def test_a_reader_waits_for_announced_bytes_until_they_come(ring):
-    """The wait ends when the writer publishes (from another thread: the
-    wait spins without the GIL), well before its generous timeout."""
-    writer, reader, _ = ring
-    timer = threading.Timer(0.01, writer.write, ([b"announced"],))
-    timer.start()
-    try:
-        start = time.monotonic()
-        reader.wait(30.0)
-        assert time.monotonic() - start < 25
-        assert drain(reader) == b"announced"
-    finally:
-        timer.cancel()
