@@ -148,7 +148,7 @@ ALL_VARIANTS = [
         ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx")
     )
 ]
-#: 6 combinations covering every pair of values of any two of the four knobs
+#: combinations covering every pair of values of any two of the four knobs, and polling shm
 PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "shm"),
     _variant("loop", 3, "sync", "tcp"),
@@ -159,6 +159,13 @@ PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "ucx"),
     _variant("thread", 3, "sync", "ucx"),
     _variant("poll", 1, "queue", "ucx"),
+    # shm devices that poll after traffic (where a core is free; either way
+    # the doorbell protocol must hold)
+    pytest.param(
+        {"progress": "loop", "ndevices": 1, "completion": "queue", "providers": ["shm", "tcp"],
+         "shm-poll-window": "500us"},
+        id="loop-nd1-queue-shm-polling",
+    ),
 ]
 
 
