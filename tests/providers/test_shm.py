@@ -105,6 +105,24 @@ async def test_a_receiver_polling_after_traffic_needs_no_doorbell(
 
 
 @gen_test(timeout=60)
+async def test_a_poller_sleeps_as_soon_as_others_want_the_cores(endpoint_pair, spare_core):
+    with endpoint_pair("loop", provider="shm", poll_window=30.0) as (a, b):
+        rung = _count_doorbells(a.device)
+        a.send(1, _parcel(0, [b"first"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert b.device.input_pending  # polling, for up to 30 s
+        spare_core["spare"] = False
+        deadline = asyncio.get_running_loop().time() + 5
+        while b.device.input_pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert not b.device.input_pending  # asleep long before its window is over
+        rung.clear()
+        a.send(1, _parcel(1, [b"second"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
+        assert rung == [1]
+
+
+@gen_test(timeout=60)
 async def test_polling_stops_when_its_window_is_over(endpoint_pair, spare_core):
     with endpoint_pair("loop", provider="shm", poll_window=0.5) as (a, b):
         rung = _count_doorbells(a.device)
