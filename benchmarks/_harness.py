@@ -54,6 +54,7 @@ import psutil
 from distributed.comm.registry import get_backend
 
 from benchmarks._comm_peers import BenchSpec, Measurement, Server, client_main, server_main
+from benchmarks._floor_comm import SCHEME as FLOOR
 from benchmarks._idle import IDLE_KIND, N_WORKERS, measure_idle
 from benchmarks._procs import Peer, PeerError, expect, receive, report_origin, spawned
 from benchmarks._progress import SILENT, Progress
@@ -654,6 +655,9 @@ def report_answers(
 
 def _run_idle(spec: BenchSpec, configuration: Configuration, round_index: int) -> Outcome:
     label = configuration.label
+    if configuration.scheme == FLOOR:
+        return Outcome(spec.name, label, round_index,
+                       error="floor:// is a reference for the comm API alone: no cluster runs on it")
     try:
         measurement = measure_idle(
             configuration.scheme, spec, STARTUP_TIMEOUT_S,
