@@ -19,6 +19,7 @@ import asyncio
 import struct
 from typing import Any
 
+from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import Comm, CommClosedError, Connector, Listener
 from distributed.comm.registry import backends
 from distributed.comm.tcp import BaseTCPBackend
@@ -113,14 +114,14 @@ class FloorComm(Comm):
 
 
 def _address(sockname: tuple[Any, ...]) -> str:
-    return f"{SCHEME}://{sockname[0]}:{sockname[1]}"
+    return f"{SCHEME}://{unparse_host_port(sockname[0], sockname[1])}"
 
 
 class FloorConnector(Connector):
     async def connect(self, address: str, deserialize: bool = True, **kwargs: Any) -> Comm:
-        host, _, port = address.rpartition(":")
+        host, port = parse_host_port(address)
         try:
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await asyncio.open_connection(host, port)
         except OSError as e:
             raise CommClosedError(f"connect to {SCHEME}://{address}: {e}") from e
         sock = writer.get_extra_info("socket")
@@ -131,8 +132,8 @@ class FloorConnector(Connector):
 class FloorListener(Listener):
     def __init__(self, loc: str, comm_handler: Any, deserialize: bool = True,
                  **connection_args: Any) -> None:
-        host, _, port = loc.rpartition(":")
-        self._host, self._port = host or "127.0.0.1", int(port or 0)
+        host, self._port = parse_host_port(loc, 0)
+        self._host = host or "127.0.0.1"
         self.comm_handler = comm_handler
         self.deserialize = deserialize
         self._server: asyncio.Server | None = None
