@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
 from distributed.utils_test import gen_cluster
+from eventually import eventually
 from ucx_support import needs_ucx
 
 from dask_lcicomm import connections
@@ -237,7 +238,7 @@ def lci_client(request):
     processes, lci_config = request.param
     with _local_cluster(processes=processes, lci_config=lci_config) as (cluster, client):
         if lci_config and "distributed.comm.lci.providers" in lci_config:
-            _assert_providers(client, {"ucx"})
+            eventually(lambda: _assert_providers(client, {"ucx"}))
         yield cluster, client
 
 

@@ -19,6 +19,7 @@ from cli_cluster import CALL_TIMEOUT, Procs, move, start_cluster, workers_at
 from distributed import Client
 from distributed.comm import connect
 from distributed.comm.core import FatalCommClosedError
+from eventually import eventually
 from ucx_support import UCX_MISSING, needs_ucx
 
 from dask_lcicomm import connections
@@ -48,7 +49,7 @@ def test_graph_moves_data_both_ways_between_hosts(tmp_path, monkeypatch, provide
                 assert len(on_a) == len(on_b) == 1, client.scheduler_info()["workers"]
                 for src, dst in ((on_a, on_b), (on_b, on_a)):
                     move(client, src, dst, NBYTES)
-                _check_providers(client, on_a[0], on_b[0], between_hosts=providers[1])
+                eventually(lambda: _check_providers(client, on_a[0], on_b[0], between_hosts=providers[1]))
             procs.check_alive()
         assert os.listdir(a.shm) == os.listdir(b.shm) == [], "a host's /dev/shm kept files"
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import gen_test
+from eventually import eventually
 from ucx_support import UCX_MISSING
 
 from dask_lcicomm import connections
@@ -92,7 +93,13 @@ def test_two_event_loops_of_one_process_both_progress():
             with Client(cluster.scheduler_address, timeout=30) as client:
                 x = client.submit(np.arange, 1 << 20, workers=[sorted(cluster.workers)[0]], pure=False)
                 results["sum"] = client.submit(np.sum, x).result(timeout=30)
-                results["providers"] = {c["provider"] for c in client.run_on_scheduler(connections)}
+
+                def scheduler_providers() -> set[str]:
+                    found = {c["provider"] for c in client.run_on_scheduler(connections)}
+                    assert found == {"ucx"}, found
+                    return found
+
+                results["providers"] = eventually(scheduler_providers)
 
         thread = threading.Thread(target=use_from_another_thread)
         thread.start()
