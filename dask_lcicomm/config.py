@@ -81,6 +81,26 @@ def _flag(key: str, value: object) -> bool:
     raise ValueError(f"{PREFIX}.{key} must be true or false, got {value!r}")
 
 
+def _ucx_options(value: object) -> tuple[tuple[str, str], ...]:
+    """UCX's option names (upper case, ``_`` for ``-``, ``UCX_`` dropped)
+    with values as strings. Names that differ only in spelling are refused:
+    Dask merges configuration sources by name up to ``-``/``_`` but not case,
+    so which of them came last is unknown here."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{PREFIX}.ucx-options must be a mapping of UCX options, got {value!r}")
+    options: dict[str, str] = {}
+    spelled: dict[str, str] = {}
+    for name, setting in value.items():
+        key = str(name).upper().replace("-", "_").removeprefix("UCX_")
+        if not key.replace("_", "").isalnum() or not isinstance(setting, (str, int, float)):
+            raise ValueError(f"{PREFIX}.ucx-options: {name!r}: {setting!r} is not a UCX option")
+        if key in spelled:
+            raise ValueError(f"{PREFIX}.ucx-options sets {key} twice: as {spelled[key]!r} and {name!r}")
+        spelled[key] = str(name)
+        options[key] = ("y" if setting else "n") if isinstance(setting, bool) else str(setting)
+    return tuple(sorted(options.items()))
+
+
 @dataclass(frozen=True)
 class Settings:
     """A validated snapshot of ``distributed.comm.lci``; defaults live in ``lci.yaml``."""
@@ -102,6 +122,8 @@ class Settings:
     shm_pool_size: int
     shm_pool_blocks: int
     shm_poll_window: float
+    #: (UCX name without the ``UCX_`` prefix, value) pairs, in name order.
+    ucx_options: tuple[tuple[str, str], ...]
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -140,4 +162,5 @@ class Settings:
             shm_pool_size=round_up(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
             shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
             shm_poll_window=_non_negative("shm-poll-window", _seconds("shm-poll-window", c)),
+            ucx_options=_ucx_options(c["ucx-options"]),
         )

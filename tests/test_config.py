@@ -26,6 +26,7 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.providers == ("shm", "tcp")
     shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
     assert shm == (4 << 20, 256 << 20, 1024)
+    assert settings.ucx_options == (("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"))
 
 
 def test_dask_config_overrides():
@@ -52,6 +53,16 @@ def test_dask_config_overrides():
         ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
         ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
         ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
+        # Merged into the shipped options, by name.
+        (
+            "UCX_OPTIONS__TCP_TX_SEG_SIZE", "64k", "ucx_options",
+            [["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"]],
+        ),
+        (
+            "UCX_OPTIONS", '{"UCX_TLS": "tcp", "adaptive-progress": False}', "ucx_options",
+            [["ADAPTIVE_PROGRESS", "n"], ["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "256k"],
+             ["TLS", "tcp"]],
+        ),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
@@ -78,6 +89,10 @@ def test_environment_variables_override(variable, value, field, expected):
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),
         ("aggregation", "sometimes", "aggregation"),
+        ("ucx-options", "TLS=tcp", "ucx-options must be a mapping"),
+        ("ucx-options", {"TLS tcp": "x"}, "is not a UCX option"),
+        ("ucx-options", {"TLS": ["tcp"]}, "is not a UCX option"),
+        ("ucx-options", {"tls": "tcp", "UCX_TLS": "sm"}, "sets TLS twice"),
     ],
 )
 def test_invalid_values_are_refused(key, value, message):

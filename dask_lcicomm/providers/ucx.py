@@ -38,6 +38,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import select
 import socket
 import struct
@@ -100,9 +101,17 @@ def _array_type() -> Any:
     return Array
 
 
+def context_options(settings: Settings) -> dict[str, str]:
+    """The UCX options ``distributed.comm.lci.ucx-options`` sets, but for
+    those a ``UCX_<NAME>`` environment variable sets: given to the context,
+    they would override it."""
+    return {name: value for name, value in settings.ucx_options if f"UCX_{name}" not in os.environ}
+
+
 class _Context:
     """The process's UCX context, created on first use and kept: UCX reads
-    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``) once, when it opens."""
+    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx-options``)
+    once, when it opens."""
 
     _lock = threading.Lock()
     _context: Any = None
@@ -112,15 +121,18 @@ class _Context:
     def get(cls) -> Any:
         with cls._lock:
             if cls._context is None and cls._error is None:
+                options: dict[str, str] = {}
                 try:
                     ucx = _ucx()
+                    options = context_options(Settings.from_config())
                     cls._context = ucx.UCXContext(
-                        {}, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
+                        options, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
                     )
                 except ImportError as e:
                     cls._error = f"ucxx is not installed (pip install 'dask-lcicomm[ucx]'): {e}"
                 except Exception as e:
-                    cls._error = f"UCX cannot open the fabric: {type(e).__name__}: {e}"
+                    given = f" with options {options}" if options else ""
+                    cls._error = f"UCX cannot open the fabric{given}: {type(e).__name__}: {e}"
             if cls._error is not None:
                 raise ProviderUnavailable(cls._error)
             return cls._context

@@ -1,10 +1,14 @@
 """The ucx provider's own cases: hostile messages from a UCX peer, bulk
-groups out of band, and two event loops of one process each on UCX.
+groups out of band, two event loops of one process each on UCX, and the
+options of its UCX context.
 The cases every provider shares are in test_base.py and test_processes.py."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 
 import dask
@@ -16,6 +20,7 @@ from eventually import eventually
 from ucx_support import UCX_MISSING
 
 from dask_lcicomm import connections
+from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
 from dask_lcicomm.providers import ucx
 from dask_lcicomm.providers.base import DeviceLost
@@ -138,3 +143,24 @@ async def test_a_peer_silent_on_the_setup_socket_is_refused_as_unavailable():
     finally:
         near.close()
         far.close()
+
+
+def test_an_environment_variable_wins_over_a_configured_ucx_option(monkeypatch):
+    """A ``UCX_<NAME>`` variable is the user's word for this run: the
+    configured option of that name is not given to the context, where it
+    would override the variable."""
+    monkeypatch.setenv("UCX_TCP_TX_SEG_SIZE", "64k")
+    options = {"tcp-tx-seg-size": "1m", "tls": "tcp"}
+    with dask.config.set({"distributed.comm.lci.ucx-options": options}):
+        assert ucx.context_options(Settings.from_config()) == {"TLS": "tcp"}
+
+
+def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
+    """UCX reads its options when the process first uses it, so a fresh
+    process: the provider is unavailable, and the reason names the options."""
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX_OPTIONS": '{"no-such-option": "1"}'}
+    reason = subprocess.run(
+        [sys.executable, "-c", "from dask_lcicomm.providers import ucx; print(ucx.unavailable())"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    assert "UCX cannot open the fabric with options" in reason and "NO_SUCH_OPTION" in reason, reason
