@@ -26,7 +26,9 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.providers == ("shm", "tcp")
     shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
     assert shm == (4 << 20, 256 << 20, 1024)
-    assert settings.ucx_options == (("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"))
+    assert settings.ucx_options == (
+        ("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"), ("TLS", "^posix,sysv"),
+    )
 
 
 def test_dask_config_overrides():
@@ -56,10 +58,10 @@ def test_dask_config_overrides():
         # Merged into the shipped options, by name.
         (
             "UCX_OPTIONS__TCP_TX_SEG_SIZE", "64k", "ucx_options",
-            [["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"]],
+            [["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"], ["TLS", "^posix,sysv"]],
         ),
         (
-            "UCX_OPTIONS", '{"UCX_TLS": "tcp", "adaptive-progress": False}', "ucx_options",
+            "UCX_OPTIONS", '{"tls": "tcp", "ADAPTIVE_PROGRESS": False}', "ucx_options",
             [["ADAPTIVE_PROGRESS", "n"], ["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "256k"],
              ["TLS", "tcp"]],
         ),

@@ -15,8 +15,8 @@ from dask_lcicomm.providers import ucx
 UCX_MISSING = ucx.unavailable()
 
 if UCX_MISSING is None:
-    # UCX's first worker maps shared segments (unlinked at once) that UCX
-    # keeps for the life of the process: made now, before any test takes
+    # UCX's first worker starts what UCX keeps for the life of the process
+    # (a thread and five descriptors here): made now, before any test takes
     # its baseline of what the process holds.
     ucx._worker()
 

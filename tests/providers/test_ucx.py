@@ -164,3 +164,26 @@ def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
         env=env, capture_output=True, text=True, check=True, timeout=60,
     ).stdout
     assert "UCX cannot open the fabric with options" in reason and "NO_SUCH_OPTION" in reason, reason
+
+
+_SHARED_MAPPINGS = (
+    "from dask_lcicomm.providers import ucx\n"
+    "workers = [ucx._worker() for _ in range(3)]\n"
+    "maps = open('/proc/self/maps').read().splitlines()\n"
+    "print(sum(line.endswith('(deleted)') or '/dev/shm/' in line for line in maps))\n"
+)
+
+
+@pytest.mark.parametrize("tls", [None, "all"])
+def test_the_shipped_options_keep_shared_memory_out_of_ucx_workers(tls):
+    """Peers on one host use the shm provider, so the shipped options leave
+    out UCX's shared-memory transports, which map FIFOs into every device's
+    worker; ``UCX_TLS=all`` brings them back."""
+    env = {k: v for k, v in os.environ.items() if k != "UCX_TLS"}
+    if tls is not None:
+        env["UCX_TLS"] = tls
+    shared = subprocess.run(
+        [sys.executable, "-c", _SHARED_MAPPINGS], env=env, capture_output=True, text=True,
+        check=True, timeout=60,
+    ).stdout
+    assert (int(shared) == 0) == (tls is None), shared
