@@ -155,14 +155,21 @@ def test_an_environment_variable_wins_over_a_configured_ucx_option(monkeypatch):
         assert ucx.context_options(Settings.from_config()) == {"TLS": "tcp"}
 
 
-def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
-    """UCX reads its options when the process first uses it, so a fresh
-    process: the provider is unavailable, and the reason names the options."""
-    env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX_OPTIONS": '{"no-such-option": "1"}'}
-    reason = subprocess.run(
-        [sys.executable, "-c", "from dask_lcicomm.providers import ucx; print(ucx.unavailable())"],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
+def _printed_by_a_fresh_process(code: str, env: dict[str, str]) -> str:
+    """What ``code`` prints in a new interpreter: UCX reads its options once
+    per process, when it is first used, so each case needs a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+        timeout=60,
     ).stdout
+
+
+def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
+    """The provider is unavailable, and the reason names the options."""
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX_OPTIONS": '{"no-such-option": "1"}'}
+    reason = _printed_by_a_fresh_process(
+        "from dask_lcicomm.providers import ucx; print(ucx.unavailable())", env
+    )
     assert "UCX cannot open the fabric with options" in reason and "NO_SUCH_OPTION" in reason, reason
 
 
@@ -182,8 +189,5 @@ def test_the_shipped_options_keep_shared_memory_out_of_ucx_workers(tls):
     env = {k: v for k, v in os.environ.items() if k != "UCX_TLS"}
     if tls is not None:
         env["UCX_TLS"] = tls
-    shared = subprocess.run(
-        [sys.executable, "-c", _SHARED_MAPPINGS], env=env, capture_output=True, text=True,
-        check=True, timeout=60,
-    ).stdout
+    shared = _printed_by_a_fresh_process(_SHARED_MAPPINGS, env)
     assert (int(shared) == 0) == (tls is None), shared
