@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -16,8 +17,6 @@ import dask
 import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
-
-from dask_lcicomm.providers.shm_segment import round_up
 
 PREFIX = "distributed.comm.lci"
 
@@ -36,69 +35,154 @@ def _load_defaults() -> dict:
 DEFAULTS = _load_defaults()
 
 
-def _choice(key: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{PREFIX}.{key} must be one of {allowed}, got {value!r}")
-    return str(value)
+class Kind(ABC):
+    """What values an option accepts: parses and validates one, and says
+    in words what it accepts (the configuration reference is made of it)."""
+
+    @abstractmethod
+    def accepts(self) -> str:
+        """The accepted values, in words (Markdown)."""
+
+    @abstractmethod
+    def parse(self, key: str, value: Any) -> Any:
+        """``value`` of option ``key`` validated; ``ValueError`` naming the key if it is not."""
 
 
-def _provider(name: str) -> str:
-    """A name of a provider module (see :mod:`dask_lcicomm.providers.registry`)."""
-    if not name.isidentifier() or importlib.util.find_spec(f"dask_lcicomm.providers.{name}") is None:
-        raise ValueError(f"{PREFIX}.providers: there is no provider called {name!r}")
-    return name
+@dataclass(frozen=True)
+class Choice(Kind):
+    values: tuple[str, ...]
+
+    def accepts(self) -> str:
+        return "one of " + ", ".join(f"`{v}`" for v in self.values)
+
+    def parse(self, key: str, value: Any) -> str:
+        if value not in self.values:
+            raise ValueError(f"{PREFIX}.{key} must be one of {self.values}, got {value!r}")
+        return str(value)
 
 
-def _positive(key: str, value: int) -> int:
-    if value < 1:
-        raise ValueError(f"{PREFIX}.{key} must be >= 1, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class Integer(Kind):
+    """An integer, at least ``least``; with ``size``, a number of bytes, also
+    as a string such as ``"64KiB"``."""
+
+    least: int = 1
+    size: bool = False
+
+    def accepts(self) -> str:
+        if self.size:
+            return f"a size in bytes >= {self.least} (`64KiB`, `1MiB`, or a number)"
+        return f"an integer >= {self.least}"
+
+    def parse(self, key: str, value: Any) -> int:
+        number = parse_bytes(value) if self.size and isinstance(value, str) else value
+        return _at_least(key, int(number), self.least)
 
 
-def _seconds(key: str, config: dict[str, Any]) -> float:
-    """A duration (``"500us"``, ``"1ms"``, or a number of seconds)."""
-    try:
-        return float(parse_timedelta(config[key], default="s"))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{PREFIX}.{key} must be a duration, got {config[key]!r}") from e
+@dataclass(frozen=True)
+class Duration(Kind):
+    """A duration: seconds, or a string such as ``"500us"``."""
+
+    def accepts(self) -> str:
+        return "a duration >= 0 (`500us`, `1ms`, or a number of seconds)"
+
+    def parse(self, key: str, value: Any) -> float:
+        try:
+            seconds = float(parse_timedelta(value, default="s"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{PREFIX}.{key} must be a duration, got {value!r}") from e
+        return _at_least(key, seconds, 0)
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    def accepts(self) -> str:
+        return "`true` or `false`"
+
+    def parse(self, key: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+        word = str(value).strip().lower()
+        if word in words:
+            return words[word]
+        raise ValueError(f"{PREFIX}.{key} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Providers(Kind):
+    def accepts(self) -> str:
+        return "a list of provider names: `shm`, `tcp`, `ucx`"
+
+    def parse(self, key: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [p.strip() for p in value.strip("[]").split(",")]
+        names = tuple(str(name) for name in value)
+        for name in names:
+            if not name.isidentifier() or importlib.util.find_spec(f"dask_lcicomm.providers.{name}") is None:
+                raise ValueError(f"{PREFIX}.{key}: there is no provider called {name!r}")
+        if not names:
+            raise ValueError(f"{PREFIX}.{key} must name at least one provider")
+        return names
+
+
+@dataclass(frozen=True)
+class UcxOptions(Kind):
+    """UCX's option names (upper case, ``_`` for ``-``, ``UCX_`` dropped)
+    with values as strings. Names that differ only in spelling are refused:
+    Dask merges configuration sources by name up to ``-``/``_`` but not case,
+    so which of them came last is unknown here."""
+
+    def accepts(self) -> str:
+        return "a mapping of UCX option names (without `UCX_`) to values"
+
+    def parse(self, key: str, value: Any) -> tuple[tuple[str, str], ...]:
+        if not isinstance(value, dict):
+            raise ValueError(f"{PREFIX}.{key} must be a mapping of UCX options, got {value!r}")
+        options: dict[str, str] = {}
+        spelled: dict[str, str] = {}
+        for name, setting in value.items():
+            option = str(name).upper().replace("-", "_").removeprefix("UCX_")
+            if not option.replace("_", "").isalnum() or not isinstance(setting, (str, int, float)):
+                raise ValueError(f"{PREFIX}.{key}: {name!r}: {setting!r} is not a UCX option")
+            if option in spelled:
+                raise ValueError(f"{PREFIX}.{key} sets {option} twice: as {spelled[option]!r} and {name!r}")
+            spelled[option] = str(name)
+            options[option] = ("y" if setting else "n") if isinstance(setting, bool) else str(setting)
+        return tuple(sorted(options.items()))
 
 
 _Number = TypeVar("_Number", int, float)
 
 
-def _non_negative(key: str, value: _Number) -> _Number:
-    if value < 0:
-        raise ValueError(f"{PREFIX}.{key} must be >= 0, got {value!r}")
+def _at_least(key: str, value: _Number, least: int) -> _Number:
+    if value < least:
+        raise ValueError(f"{PREFIX}.{key} must be >= {least}, got {value!r}")
     return value
 
 
-def _flag(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    if str(value).strip().lower() in words:
-        return words[str(value).strip().lower()]
-    raise ValueError(f"{PREFIX}.{key} must be true or false, got {value!r}")
-
-
-def _ucx_options(value: object) -> tuple[tuple[str, str], ...]:
-    """UCX's option names (upper case, ``_`` for ``-``, ``UCX_`` dropped)
-    with values as strings. Names that differ only in spelling are refused:
-    Dask merges configuration sources by name up to ``-``/``_`` but not case,
-    so which of them came last is unknown here."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{PREFIX}.ucx-options must be a mapping of UCX options, got {value!r}")
-    options: dict[str, str] = {}
-    spelled: dict[str, str] = {}
-    for name, setting in value.items():
-        key = str(name).upper().replace("-", "_").removeprefix("UCX_")
-        if not key.replace("_", "").isalnum() or not isinstance(setting, (str, int, float)):
-            raise ValueError(f"{PREFIX}.ucx-options: {name!r}: {setting!r} is not a UCX option")
-        if key in spelled:
-            raise ValueError(f"{PREFIX}.ucx-options sets {key} twice: as {spelled[key]!r} and {name!r}")
-        spelled[key] = str(name)
-        options[key] = ("y" if setting else "n") if isinstance(setting, bool) else str(setting)
-    return tuple(sorted(options.items()))
+#: Every option under ``distributed.comm.lci`` and what it accepts; each is a
+#: field of :class:`Settings` (``-`` for ``_``), its default in ``lci.yaml``.
+OPTIONS: dict[str, Kind] = {
+    "progress": Choice(PROGRESS_MODES),
+    "progress-threads": Integer(),
+    "poll-interval": Duration(),
+    "completion": Choice(COMPLETION_MODES),
+    "ndevices": Integer(),
+    "providers": Providers(),
+    "eager-threshold": Integer(least=0, size=True),
+    "fragment-size": Integer(size=True),
+    "aggregation": Flag(),
+    "write-high-water": Integer(size=True),
+    "max-message-bytes": Integer(size=True),
+    "max-frames": Integer(),
+    "max-eager-bytes": Integer(size=True),
+    "shm-ring-size": Integer(size=True),
+    "shm-pool-size": Integer(least=0, size=True),
+    "shm-pool-blocks": Integer(),
+    "shm-poll-window": Duration(),
+    "ucx-options": UcxOptions(),
+}
 
 
 @dataclass(frozen=True)
@@ -134,33 +218,4 @@ class Settings:
         # read before the defaults were registered arrives as eager_threshold.
         user = dask.config.get(PREFIX, default={})
         c = {**DEFAULTS, **{key.replace("_", "-"): value for key, value in user.items()}}
-
-        def nbytes(key: str) -> int:
-            return int(parse_bytes(c[key]) if isinstance(c[key], str) else c[key])
-
-        providers = c["providers"]
-        if isinstance(providers, str):
-            providers = [p.strip() for p in providers.strip("[]").split(",")]
-        providers = tuple(_provider(str(p)) for p in providers)
-        if not providers:
-            raise ValueError(f"{PREFIX}.providers must name at least one provider")
-        return cls(
-            progress=_choice("progress", c["progress"], PROGRESS_MODES),
-            progress_threads=_positive("progress-threads", int(c["progress-threads"])),
-            poll_interval=_seconds("poll-interval", c),
-            completion=_choice("completion", c["completion"], COMPLETION_MODES),
-            ndevices=_positive("ndevices", int(c["ndevices"])),
-            providers=providers,
-            eager_threshold=_non_negative("eager-threshold", nbytes("eager-threshold")),
-            fragment_size=_positive("fragment-size", nbytes("fragment-size")),
-            aggregation=_flag("aggregation", c["aggregation"]),
-            write_high_water=_positive("write-high-water", nbytes("write-high-water")),
-            max_message_bytes=nbytes("max-message-bytes"),
-            max_frames=_positive("max-frames", int(c["max-frames"])),
-            max_eager_bytes=_positive("max-eager-bytes", nbytes("max-eager-bytes")),
-            shm_ring_size=round_up(_positive("shm-ring-size", nbytes("shm-ring-size"))),
-            shm_pool_size=round_up(_non_negative("shm-pool-size", nbytes("shm-pool-size"))),
-            shm_pool_blocks=_positive("shm-pool-blocks", int(c["shm-pool-blocks"])),
-            shm_poll_window=_non_negative("shm-poll-window", _seconds("shm-poll-window", c)),
-            ucx_options=_ucx_options(c["ucx-options"]),
-        )
+        return cls(**{key.replace("-", "_"): kind.parse(key, c[key]) for key, kind in OPTIONS.items()})

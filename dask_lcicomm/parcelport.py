@@ -16,6 +16,7 @@ what uses a virtual connection only as a :class:`~dask_lcicomm.vconn.VirtualConn
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -55,6 +56,13 @@ from dask_lcicomm.providers.send_queue import Raw, Unit
 from dask_lcicomm.vconn import VirtualConnection
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _report_unavailable(name: str, reason: str) -> None:
+    """Log once per process, not once per event loop: every parcelport of a
+    process sees the same reason."""
+    logger.warning("lci:// provider %s is unavailable: %s", name, reason)
 
 SCHEME = "lci://"
 #: How long a closing link waits for the peer's end before it is closed hard.
@@ -135,12 +143,12 @@ class Parcelport:
 
     @staticmethod
     def _unusable(providers: list[Provider]) -> dict[str, str]:
-        """Why each provider this process cannot run is left out (logged once)."""
+        """Why each provider this process cannot run is left out."""
         unusable = {}
         for provider in providers:
             reason = provider.unavailable()
             if reason is not None:
-                logger.warning("lci:// provider %s is unavailable: %s", provider.name, reason)
+                _report_unavailable(provider.name, reason)
                 unusable[provider.name] = reason
         return unusable
 

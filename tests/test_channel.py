@@ -13,6 +13,7 @@ from distributed.comm.core import FatalCommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
+from dask_lcicomm import parcelport
 from dask_lcicomm.providers import shm, ucx
 
 
@@ -156,6 +157,8 @@ def _ucx_broken(monkeypatch) -> None:
     """UCX as it is where ucxx is missing or cannot open the fabric."""
     monkeypatch.setattr(ucx._Context, "_context", None)
     monkeypatch.setattr(ucx._Context, "_error", "UCX cannot open the fabric: (simulated)")
+    # The reason is logged once per process: forget that an earlier test saw it.
+    parcelport._report_unavailable.cache_clear()
 
 
 @gen_test(timeout=30)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
-import mmap
 import os
+import pkgutil
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import dask
 import pytest
 
-from dask_lcicomm.config import Settings
+from dask_lcicomm.config import DEFAULTS, OPTIONS, Settings
+from dask_lcicomm.providers import registry
 
 _PRINT_SETTINGS = (
     "import dataclasses, json; from dask_lcicomm.config import Settings; "
@@ -51,7 +56,7 @@ def test_dask_config_overrides():
         ("PROVIDERS", "[tcp]", "providers", ["tcp"]),
         ("PROVIDERS", "tcp,shm", "providers", ["tcp", "shm"]),
         ("SHM_RING_SIZE", "1MiB", "shm_ring_size", 1 << 20),
-        ("SHM_POOL_SIZE", "10000", "shm_pool_size", -(-10000 // mmap.PAGESIZE) * mmap.PAGESIZE),
+        ("SHM_POOL_SIZE", "10000", "shm_pool_size", 10000),
         ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
         ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
         ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
@@ -100,3 +105,16 @@ def test_environment_variables_override(variable, value, field, expected):
 def test_invalid_values_are_refused(key, value, message):
     with dask.config.set({f"distributed.comm.lci.{key}": value}), pytest.raises(ValueError, match=message):
         Settings.from_config()
+
+
+def test_every_shipped_option_is_declared_once_as_a_setting():
+    assert list(DEFAULTS) == list(OPTIONS)
+    assert [f.name for f in dataclasses.fields(Settings)] == [key.replace("-", "_") for key in OPTIONS]
+
+
+def test_the_providers_option_names_every_provider_there_is():
+    """What the configuration reference says ``providers`` accepts is what exists."""
+    package = Path(registry.__file__).parent
+    names = {m.name for m in pkgutil.iter_modules([str(package)])
+             if hasattr(importlib.import_module(f"dask_lcicomm.providers.{m.name}"), "PROVIDER")}
+    assert names == set(re.findall(r"`(\w+)`", OPTIONS["providers"].accepts()))

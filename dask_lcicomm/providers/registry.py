@@ -11,15 +11,20 @@ it runs. The connecting side then tries the offered providers it prefers to
 the bootstrap, in its configured order, and keeps the first that connects.
 A list without the bootstrap still greets over it, but no channel may stay
 on it: a peer none of the listed providers reaches is an error.
+
+A provider whose module cannot be imported here (a dependency or a compiled
+helper is missing) is unavailable, with the import error as the reason: the
+package installs and runs without any of them.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions
@@ -61,7 +66,7 @@ class Offering:
 class Provider(ABC):
     """One fabric: how to accept and how to connect devices over it."""
 
-    name: ClassVar[str]
+    name: str
 
     def unavailable(self) -> str | None:
         """Why this process cannot use the provider at all, or None."""
@@ -89,12 +94,38 @@ class Provider(ABC):
         ``OSError`` for the bootstrap) when that cannot be."""
 
 
+class _Unimportable(Provider):
+    """Stands for a provider module that cannot be imported in this process."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self._reason = reason
+
+    def unavailable(self) -> str:
+        return self._reason
+
+    def listen(self, *args: Any, **kwargs: Any) -> Offering:
+        raise ProviderUnavailable(self._reason)
+
+    async def connect(self, *args: Any, **kwargs: Any) -> Device:
+        raise ProviderUnavailable(self._reason)
+
+
+@functools.cache
 def get(name: str) -> Provider:
     """The provider called ``name``; ``ValueError`` if there is none."""
+    module_name = f"{__package__}.{name}"
     try:
-        module = importlib.import_module(f"{__package__}.{name}")
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            return _Unimportable(name, str(e))
+        raise ValueError(f"no lci:// provider called {name!r}") from e
+    except ImportError as e:
+        return _Unimportable(name, str(e))
+    try:
         provider = module.PROVIDER
-    except (ImportError, AttributeError) as e:
+    except AttributeError as e:
         raise ValueError(f"no lci:// provider called {name!r}: {e}") from e
     if not isinstance(provider, Provider):
         raise ValueError(f"{module.__name__}.PROVIDER is not a Provider")

@@ -46,9 +46,19 @@ from dask_lcicomm.providers.base import (
 )
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
+
+try:
+    import dask_lcicomm.providers._atomics  # noqa: F401
+except ImportError as e:
+    raise ImportError(
+        "the shm provider needs its C helper dask_lcicomm.providers._atomics, which was not"
+        " built (no C compiler when this package was installed); lci:// uses the other"
+        " providers"
+    ) from e
+
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
-from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create
+from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create, round_up
 from dask_lcicomm.providers.spare_core import SpareCore
 
 logger = logging.getLogger(__name__)
@@ -415,7 +425,10 @@ class ShmProvider(Provider):
 
 
 def _layout(settings: Settings) -> Layout:
-    return Layout(settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
+    """The configured sizes, in whole pages (segments are mapped by the page)."""
+    return Layout(
+        round_up(settings.shm_ring_size), round_up(settings.shm_pool_size), settings.shm_pool_blocks
+    )
 
 
 def _poll_window(settings: Settings) -> float:

@@ -10,10 +10,12 @@ import logging
 import os
 import socket
 
+import dask
 import numpy as np
 import pytest
 from distributed.utils_test import gen_test
 
+from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
@@ -189,6 +191,13 @@ async def test_peer_going_away_is_seen_after_its_last_bytes(endpoint_pair):
 # -- the handshake ----------------------------------------------------------
 
 LAYOUT = Layout(PAGE, 4 * PAGE, 8)
+
+
+def test_configured_sizes_become_whole_pages():
+    sizes = {"distributed.comm.lci.shm-ring-size": 1, "distributed.comm.lci.shm-pool-size": 10_000}
+    with dask.config.set(sizes):
+        layout = shm._layout(Settings.from_config())
+    assert (layout.ring_bytes, layout.pool_bytes) == (PAGE, -(-10_000 // PAGE) * PAGE)
 
 
 class Listening:
