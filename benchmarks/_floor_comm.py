@@ -90,7 +90,10 @@ class FloorComm(Comm):
         )
         sizes = [memoryview(frame).nbytes for frame in frames]
         self._writer.write(struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes))
-        self._writer.writelines(frames)
+        # Empty frames (an empty array's data) are left out: since 3.12 the
+        # selector transport's writelines keeps a trailing empty chunk in its
+        # buffer forever, so the socket spins writable and close never ends.
+        self._writer.writelines([frame for frame, size in zip(frames, sizes, strict=True) if size])
         try:
             await self._writer.drain()
         except OSError as e:

@@ -36,8 +36,11 @@ __all__ = ["ProfilerError", "Profile", "find_pyspy", "record"]
 _EXIT_SLACK_S = 30.0
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
-_THREAD = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)")
+_THREAD = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
 _COUNTS = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")
+
+#: What ``threading`` names a process's main thread.
+_MAIN_THREAD = "MainThread"
 
 
 class ProfilerError(RuntimeError):
@@ -108,21 +111,30 @@ def _read(path: Path, pid: int, returncode: int | None, log: str) -> Profile:
 
 def _comm_thread_stacks(raw: str, pid: int) -> list[tuple[tuple[Frame, ...], int]]:
     """The stacks of the threads that carry the comm, from py-spy's raw format
-    (``thread;frame;...;frame count``): thread ``pid`` (a process's main
-    thread has its pid as thread id: the event loop's) and lci's progress
-    threads (``progress=thread``); helper threads that block for the harness
-    are left out."""
+    (``thread;frame;...;frame count``): the main thread (the event loop's, see
+    :func:`_is_main_thread`) and lci's progress threads (``progress=thread``);
+    helper threads that block for the harness are left out."""
     stacks = []
     for line in raw.splitlines():
         frames, _, count = line.rpartition(" ")
         thread, *names = frames.split(";")
-        tid = _THREAD.match(thread)
-        if tid is None:
+        label = _THREAD.match(thread)
+        if label is None:
             continue
         stack = tuple(_frame(name) for name in names)
-        if int(tid["tid"], 0) == pid or any(_is_progress_thread(f) for f in stack):
+        if _is_main_thread(label, pid) or any(_is_progress_thread(f) for f in stack):
             stacks.append((stack, int(count)))
     return stacks
+
+
+def _is_main_thread(label: re.Match[str], pid: int) -> bool:
+    """A thread labelled with its OS thread id is the main thread if that is
+    the pid.  py-spy reads that id from the thread state of Python 3.11 and
+    later; before, it must stop the process to find it, which
+    ``--nonblocking`` rules out, so it labels threads with their pthread id
+    (hex, never the pid), and the main thread is told by its name."""
+    tid = label["tid"]
+    return label["name"] == _MAIN_THREAD if tid.startswith("0x") else int(tid) == pid
 
 
 def _is_progress_thread(frame: Frame) -> bool:
