@@ -8,6 +8,8 @@
 * ``python -m benchmarks budget [--quick] [--configs NAMES] [--sizes SIZES] [--json OUT] [--plot DIR]``:
   where a small-message round trip spends its time (see ``benchmarks/budget.py``)
 * ``python -m benchmarks plot RESULTS.json --plot DIR``: draw a saved run again
+* ``python -m benchmarks report RESULTS.json [--page OUT.md [--plot DIR]] [--rows ...]``: a saved
+  run as a page of the docs, or its table (see ``benchmarks/report.py``)
 * ``python -m benchmarks asap [--quick] --json OUT [--plot DIR]`` (see ``benchmarks/asap.py``)
 
 ``--baseline PATH`` adds ``lci@baseline``: lci as built in PATH (``pip install --no-deps
@@ -125,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     _budget_command(commands)
     _all_command(commands)
     _plot_command(commands)
+    _report_command(commands)
     # Listed for --help only: main() hands "asap" and its own options to benchmarks.asap.
     commands.add_parser(
         "asap", help="ASAP against bsp, bsp-ring and async on a simulated 8-host testbed "
@@ -200,6 +203,22 @@ def _plot_command(commands: argparse._SubParsersAction) -> None:
     command.add_argument("results", type=Path, metavar="RESULTS.json")
     command.add_argument("--plot", type=Path, metavar="DIR", required=True,
                          help="directory for the figures (PNG)")
+
+
+def _report_command(commands: argparse._SubParsersAction) -> None:
+    command = commands.add_parser(
+        "report", help="write a saved run (its --json) as a Markdown page",
+        description="Read what --json wrote for comm, dask, variants or budget and write a page "
+                    "with the run's environment, its tables and (with --plot) its figures.",
+    )
+    command.add_argument("results", type=Path, metavar="RESULTS.json")
+    command.add_argument("--page", type=Path, metavar="OUT.md",
+                         help="write the page there (else print the run's table)")
+    command.add_argument("--plot", type=Path, metavar="DIR", help="with --page: the figures' directory")
+    command.add_argument("--rows", type=_csv, metavar="BENCHMARK:METRIC,...",
+                         help="without --page: only these rows (pingpong-8B:latency, ...)")
+    command.add_argument("--labels", type=_csv, metavar="NAMES", help="without --page: only these columns")
+    command.add_argument("--ratios", type=_csv, metavar="NAMES", help="without --page: only these ratios")
 
 
 #: What ``all`` runs, in this order.
@@ -309,6 +328,17 @@ def _plot(data: dict[str, Any], outdir: Path) -> list[Path]:
     return plot(data["command"], data, outdir)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from benchmarks.report import results_table, write_page
+
+    if args.page is not None:
+        _progress(f"wrote {write_page(args.results, args.page, args.plot)}")
+    else:
+        data = json.loads(args.results.read_text())
+        print(results_table(data, args.rows, args.ratios, args.labels))
+    return 0
+
+
 def _command_module(command: str) -> ModuleType:
     """``benchmarks.<command>``: each command module offers the same API
     (``make_config``, ``run``, ``format_table``, ``to_json``)."""
@@ -328,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in _plot(json.loads(args.results.read_text()), args.plot):
                 _progress(f"wrote {path}")
             return 0
+        if args.command == "report":
+            return _report(args)
         if args.command == "all":
             return _run_all(args, parser)
         return _run(args, parser)

@@ -157,13 +157,23 @@ def _nchains(data: Json, outdir: Path) -> Path:
 
 
 def plot_comm(data: Json, outdir: Path) -> list[Path]:
-    return [
-        _sweep(data, outdir, "latency", "us per round trip (lower is better)", "comm-latency.png"),
-        _sweep(data, outdir, "bandwidth", "MiB/s, both directions (higher is better)",
-               "comm-bandwidth.png"),
-        _flood(data, outdir),
-        _nchains(data, outdir),
-    ]
+    """The figures of the benchmark families the run measured (``--benchmarks``
+    may have left some out)."""
+    def measured(prefix: str) -> bool:
+        return any(r["benchmark"].startswith(prefix) for r in data["results"])
+
+    figures = []
+    if measured("pingpong-"):
+        figures += [
+            _sweep(data, outdir, "latency", "us per round trip (lower is better)", "comm-latency.png"),
+            _sweep(data, outdir, "bandwidth", "MiB/s, both directions (higher is better)",
+                   "comm-bandwidth.png"),
+        ]
+    if measured("flood-"):
+        figures.append(_flood(data, outdir))
+    if measured("nchains-"):
+        figures.append(_nchains(data, outdir))
+    return figures
 
 
 # ------------------------------------------------------------------ variants

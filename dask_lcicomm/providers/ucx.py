@@ -1,5 +1,6 @@
 """The UCX provider: one-sided puts over the fabric UCX drives (InfiniBand,
-RoCE, Slingshot; TCP and shared memory where that is all there is).
+RoCE; TCP and shared memory where that is all there is; not Slingshot 11,
+EFA or Omni-Path, which only libfabric drives).
 
 Each device owns a UCX worker with one endpoint to its peer's device, so
 that the worker's event descriptor is the device's own and progress never

@@ -1,0 +1,138 @@
+"""A saved run as a page of the docs: its environment, tables and figures,
+all from the run's JSON, so that a published result is never typed by hand.
+
+``python -m benchmarks report RESULTS.json --page OUT.md [--plot DIR]``; the
+docs build calls :func:`write_page` for every run in ``docs/results/``.
+Without ``--page`` it prints the run's table, or the part of it that
+``--rows``, ``--labels`` and ``--ratios`` choose (the README's table is one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+
+
+def _number(value: float | None) -> str:
+    """Three significant digits, thousands separated; ``-`` for nothing."""
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def run_name(data: Json) -> str:
+    """``<date> <command>, code <commit>``: how pages and the README name a run."""
+    env = data["environment"]
+    return f"{env['timestamp'][:10]} {data['command']}, code {env.get('source') or 'unknown'}"
+
+
+def environment(data: Json) -> str:
+    """What was measured where, as a list."""
+    env = data["environment"]
+    config = data["config"]
+    argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
+    load = ", ".join(f"{x:g}" for x in env["load_average"])
+    return "\n".join([
+        f"- command: `{argv}`",
+        f"- when: {env['timestamp']}; code: `{env.get('source') or 'unknown'}`",
+        f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB, {env['platform']}",
+        f"- Python {env['python']}, distributed {env['distributed']}, numpy {env['numpy']}",
+        f"- load average at the start: {load}",
+        f"- rounds: {config['rounds']}{' (--quick: the numbers mean nothing)' if config['quick'] else ''}",
+    ])
+
+
+def results_table(
+    data: Json, rows: list[str] | None = None, ratios: list[str] | None = None,
+    labels: list[str] | None = None,
+) -> str:
+    """One row per benchmark and metric: each configuration's median over the
+    rounds, then the run's ratios (>1 favours the first named, whichever way
+    the metric points). ``rows`` (``benchmark:metric``), ``ratios`` and
+    ``labels`` choose a part, in their order."""
+    by_row = {f"{r['benchmark']}:{r['metric']}": r for r in data["results"]}
+    labels = labels or [c["label"] for c in data["config"]["configurations"]]
+    ratios = ratios or list(data["config"]["ratios"])
+    head = ["benchmark", "unit", *labels, *ratios]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in rows or by_row:
+        result = by_row[key]
+        per = result["per_configuration"]
+        cells = [_number(per[label]["median"]) if label in per else "-" for label in labels]
+        ratio_cells = [_number(result["ratios"].get(name)) for name in ratios]
+        row = [result["benchmark"], result["unit"], *cells, *ratio_cells]
+        lines.append("| " + " | ".join(row) + " |")
+    missing = [f"{label}: {s['label']}" for label, s in data["status"].items()
+               if not s["available"] and label in labels]
+    if missing:
+        lines += ["", "Not measured: " + "; ".join(missing) + "."]
+    return "\n".join(lines)
+
+
+def budget_table(data: Json) -> str:
+    """Per payload: microseconds of CPU per round trip by category, both
+    processes added, and the round trip itself."""
+    sections = []
+    for size, by_label in data["budget"].items():
+        labels = [label for label, budget in by_label.items() if budget is not None]
+        categories = list(data["config"]["categories"])
+        head = [f"{size}, us per round trip", *labels]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for category in categories:
+            lines.append(f"| {category} | " + " | ".join(
+                _number(by_label[label]["pair"][category]) for label in labels) + " |")
+        lines.append("| round trip, unprofiled | " + " | ".join(
+            _number(by_label[label]["reference_us"]) for label in labels) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)
+
+
+def records_table(records: list[Json]) -> str:
+    """One row per record, one column per field (``benchmarks asap`` saves
+    its runs so)."""
+    head = list(records[0])
+
+    def cell(value: Any) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, (int, float)):
+            return _number(value)
+        return "-" if value is None else str(value)
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(record.get(key)) for key in head) + " |" for record in records]
+    return "\n".join(lines)
+
+
+def page(data: Json, figures: list[Path], page_dir: Path) -> str:
+    """The Markdown page of one run; ``figures`` are linked relative to it."""
+    table = budget_table(data) if data["command"] == "budget" else results_table(data)
+    images = [f"![{path.stem}]({os.path.relpath(path, page_dir)})" for path in figures]
+    return "\n\n".join([
+        f"# {run_name(data)}",
+        "Generated from the run's JSON by `python -m benchmarks report`; medians of the rounds, "
+        "measured side by side in one run (absolute times are not comparable across runs).",
+        environment(data),
+        table,
+        *images,
+    ]) + "\n"
+
+
+def write_page(results: Path, out: Path, figure_dir: Path | None = None) -> Path:
+    """Write the page of the run saved in ``results`` (and its figures)."""
+    from benchmarks.plots import plot
+
+    data = json.loads(results.read_text())
+    figures: list[Path] = []
+    if figure_dir is not None:
+        figure_dir.mkdir(parents=True, exist_ok=True)
+        figures = plot(data["command"], data, figure_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page(data, figures, out.parent))
+    return out

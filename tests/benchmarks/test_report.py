@@ -1,0 +1,55 @@
+"""``python -m benchmarks report``: saved runs as pages and tables, and the
+README's table as that command prints it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.report import page, records_table, results_table, run_name
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_published_run_makes_a_page(path, tmp_path):
+    data = json.loads(path.read_text())
+    text = page(data, [tmp_path / "figure.png"], tmp_path)
+    assert text.startswith(f"# {run_name(data)}\n")
+    assert data["environment"]["timestamp"][:10] in text
+    assert "![figure](figure.png)" in text
+    assert text.count("|---|") >= 1
+
+
+def test_a_table_row_is_the_median_of_its_rounds():
+    data = json.loads((RESULTS / "comm-providers.json").read_text())
+    table = results_table(data, ["pingpong-8B:latency"], ["lci/tcp"], ["lci", "tcp"])
+    result = next(r for r in data["results"] if r["benchmark"] == "pingpong-8B")
+    lci = sorted(result["per_configuration"]["lci"]["rounds"])[1]
+    tcp = sorted(result["per_configuration"]["tcp"]["rounds"])[1]
+    row = table.splitlines()[2].split(" | ")
+    assert row[2:] == [f"{lci:,.0f}", f"{tcp:,.0f}", f"{tcp / lci:.3g} |"]
+
+
+def test_asap_runs_make_a_table():
+    records = json.loads((RESULTS / "asap" / "asap-quick.json").read_text())
+    lines = records_table(records).splitlines()
+    assert len(lines) == 2 + len(records)
+    assert lines[2].startswith(f"| {records[0]['mode']} |")
+
+
+def test_the_readme_table_is_what_its_command_prints():
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"^python -m benchmarks report .*$", readme, re.MULTILINE)
+    assert command is not None
+    argv = shlex.split(command.group(0))[1:]
+    out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() in readme
