@@ -57,16 +57,16 @@ from dask_lcicomm.vconn import VirtualConnection
 
 logger = logging.getLogger(__name__)
 
+SCHEME = "lci://"
+#: How long a closing link waits for the peer's end before it is closed hard.
+LINGER = 10.0
+
 
 @functools.cache
 def _report_unavailable(name: str, reason: str) -> None:
     """Log once per process, not once per event loop: every parcelport of a
     process sees the same reason."""
     logger.warning("lci:// provider %s is unavailable: %s", name, reason)
-
-SCHEME = "lci://"
-#: How long a closing link waits for the peer's end before it is closed hard.
-LINGER = 10.0
 
 
 class NotAnLCIPeer(FatalCommClosedError):
