@@ -328,14 +328,17 @@ def _plot(data: dict[str, Any], outdir: Path) -> list[Path]:
     return plot(data["command"], data, outdir)
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from benchmarks.report import results_table, write_page
 
     if args.page is not None:
         _progress(f"wrote {write_page(args.results, args.page, args.plot)}")
-    else:
-        data = json.loads(args.results.read_text())
+        return 0
+    data = json.loads(args.results.read_text())
+    try:
         print(results_table(data, args.rows, args.ratios, args.labels))
+    except ValueError as exc:
+        parser.error(str(exc))
     return 0
 
 
@@ -359,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _progress(f"wrote {path}")
             return 0
         if args.command == "report":
-            return _report(args)
+            return _report(args, parser)
         if args.command == "all":
             return _run_all(args, parser)
         return _run(args, parser)

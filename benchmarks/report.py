@@ -61,6 +61,9 @@ def results_table(
     ratios = ratios or list(data["config"]["ratios"])
     head = ["benchmark", "unit", *labels, *ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    unknown = [key for key in rows or [] if key not in by_row]
+    if unknown:
+        raise ValueError(f"no row {', '.join(unknown)} in this run; it has {', '.join(by_row)}")
     for key in rows or by_row:
         result = by_row[key]
         per = result["per_configuration"]

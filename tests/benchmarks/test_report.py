@@ -53,3 +53,9 @@ def test_the_readme_table_is_what_its_command_prints():
     out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.strip() in readme
+
+
+def test_a_row_the_run_does_not_have_is_an_error_naming_the_rows_it_has():
+    data = json.loads((RESULTS / "comm-providers.json").read_text())
+    with pytest.raises(ValueError, match="no row pingpong-3B:latency in this run; it has pingpong-8B:"):
+        results_table(data, ["pingpong-3B:latency"])
