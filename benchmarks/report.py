@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks._harness import format_number, format_ratio
 
 Json = dict[str, Any]
 
 
-def _number(value: float | None) -> str:
-    """Three significant digits, thousands separated; ``-`` for nothing."""
-    if value is None:
-        return "-"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table of ``rows`` under ``head``."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _median(value: float | None) -> str:
+    return "-" if value is None else format_number(value)
 
 
 def run_name(data: Json) -> str:
@@ -59,18 +64,19 @@ def results_table(
     by_row = {f"{r['benchmark']}:{r['metric']}": r for r in data["results"]}
     labels = labels or [c["label"] for c in data["config"]["configurations"]]
     ratios = ratios or list(data["config"]["ratios"])
-    head = ["benchmark", "unit", *labels, *ratios]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     unknown = [key for key in rows or [] if key not in by_row]
     if unknown:
         raise ValueError(f"no row {', '.join(unknown)} in this run; it has {', '.join(by_row)}")
+    table = []
     for key in rows or by_row:
         result = by_row[key]
         per = result["per_configuration"]
-        cells = [_number(per[label]["median"]) if label in per else "-" for label in labels]
-        ratio_cells = [_number(result["ratios"].get(name)) for name in ratios]
-        row = [result["benchmark"], result["unit"], *cells, *ratio_cells]
-        lines.append("| " + " | ".join(row) + " |")
+        table.append([
+            result["benchmark"], result["unit"],
+            *(_median(per[label]["median"]) if label in per else "-" for label in labels),
+            *(format_ratio(result["ratios"].get(name)) for name in ratios),
+        ])
+    lines = [markdown_table(["benchmark", "unit", *labels, *ratios], table)]
     missing = [f"{label}: {s['label']}" for label, s in data["status"].items()
                if not s["available"] and label in labels]
     if missing:
@@ -81,18 +87,15 @@ def results_table(
 def budget_table(data: Json) -> str:
     """Per payload: microseconds of CPU per round trip by category, both
     processes added, and the round trip itself."""
+    categories = list(data["config"]["categories"])
     sections = []
     for size, by_label in data["budget"].items():
         labels = [label for label, budget in by_label.items() if budget is not None]
-        categories = list(data["config"]["categories"])
-        head = [f"{size}, us per round trip", *labels]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for category in categories:
-            lines.append(f"| {category} | " + " | ".join(
-                _number(by_label[label]["pair"][category]) for label in labels) + " |")
-        lines.append("| round trip, unprofiled | " + " | ".join(
-            _number(by_label[label]["reference_us"]) for label in labels) + " |")
-        sections.append("\n".join(lines))
+        rows = [[category, *(_median(by_label[label]["pair"][category]) for label in labels)]
+                for category in categories]
+        rows.append(["round trip, unprofiled",
+                     *(_median(by_label[label]["reference_us"]) for label in labels)])
+        sections.append(markdown_table([f"{size}, us per round trip", *labels], rows))
     return "\n\n".join(sections)
 
 
@@ -105,12 +108,10 @@ def records_table(records: list[Json]) -> str:
         if isinstance(value, bool):
             return "yes" if value else "no"
         if isinstance(value, (int, float)):
-            return _number(value)
+            return format_number(value)
         return "-" if value is None else str(value)
 
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(record.get(key)) for key in head) + " |" for record in records]
-    return "\n".join(lines)
+    return markdown_table(head, ([cell(record.get(key)) for key in head] for record in records))
 
 
 def page(data: Json, figures: list[Path], page_dir: Path) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.report import records_table, write_page
+from benchmarks.report import markdown_table, records_table, write_page
 from dask_lcicomm.config import DEFAULTS, OPTIONS
 
 _KEY = re.compile(r"^ {6}([a-z][a-z-]*):")
@@ -37,8 +37,6 @@ def option_comments(text: str) -> dict[str, str]:
     current = ""
     for line in text.splitlines():
         if m := _COMMENT.match(line):
-            if not block:
-                current = ""
             block.append(m.group(1))
         elif m := _KEY.match(line):
             if block:
@@ -55,11 +53,9 @@ def _default(value: Any) -> str:
 
 def configuration_table(yaml_text: str) -> str:
     comments = option_comments(yaml_text)
-    lines = ["| key | default | accepts | meaning |", "|---|---|---|---|"]
-    for key, kind in OPTIONS.items():
-        meaning = comments[key].replace("|", "\\|")
-        lines.append(f"| `{key}` | {_default(DEFAULTS[key])} | {kind.accepts()} | {meaning} |")
-    return "\n".join(lines) + "\n"
+    rows = ([f"`{key}`", _default(DEFAULTS[key]), kind.accepts(), comments[key].replace("|", "\\|")]
+            for key, kind in OPTIONS.items())
+    return markdown_table(["key", "default", "accepts", "meaning"], rows) + "\n"
 
 
 def _generate(app: Any) -> None:

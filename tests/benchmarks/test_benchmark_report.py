@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._harness import format_number, format_ratio
 from benchmarks.report import page, records_table, results_table, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def test_a_table_row_is_the_median_of_its_rounds():
     lci = sorted(result["per_configuration"]["lci"]["rounds"])[1]
     tcp = sorted(result["per_configuration"]["tcp"]["rounds"])[1]
     row = table.splitlines()[2].split(" | ")
-    assert row[2:] == [f"{lci:,.0f}", f"{tcp:,.0f}", f"{tcp / lci:.3g} |"]
+    assert row[2:] == [format_number(lci), format_number(tcp), f"{format_ratio(tcp / lci)} |"]
 
 
 def test_asap_runs_make_a_table():
