@@ -181,6 +181,7 @@ OPTIONS: dict[str, Kind] = {
     "shm-pool-size": Integer(least=0, size=True),
     "shm-pool-blocks": Integer(),
     "shm-poll-window": Duration(),
+    "shm-release-after": Duration(),
     "ucx-options": UcxOptions(),
 }
 
@@ -206,6 +207,7 @@ class Settings:
     shm_pool_size: int
     shm_pool_blocks: int
     shm_poll_window: float
+    shm_release_after: float
     #: (UCX name without the ``UCX_`` prefix, value) pairs, in name order.
     ucx_options: tuple[tuple[str, str], ...]
 

@@ -16,6 +16,7 @@ from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import shm_segment, ucx
 from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice, ShmLink
+from dask_lcicomm.providers.shm_release import releaser
 from dask_lcicomm.providers.tcp import TcpDevice
 
 
@@ -37,7 +38,11 @@ class Endpoint:
             accepting=accepting,
         )
         if isinstance(transport, ShmLink):
-            self.device = ShmDevice(transport, options, device_kwargs.pop("poll_window", 0.0))
+            release_after = device_kwargs.pop("release_after", 0.0)
+            self.device = ShmDevice(
+                transport, options, device_kwargs.pop("poll_window", 0.0),
+                releaser(release_after) if release_after else None,
+            )
         elif isinstance(transport, UcxTransport):
             self.device = ucx.UcxDevice(*transport, options, "lci://a:1", "lci://b:2")
         else:

@@ -13,7 +13,8 @@
  *          that release the GIL. map_shared() maps a descriptor into a new
  *          Region that owns the mapping and holds no descriptor (Python's
  *          mmap keeps a duplicate of it open): the mapping goes when the
- *          Region and every Lease of it are freed.
+ *          Region and every Lease of it are freed. discard() gives whole
+ *          pages back to the OS (MADV_REMOVE): the next touch finds zeros.
  * Lease    a slice of a Region exported through the buffer protocol. When
  *          the last object using it (memoryview, numpy array, ...) is freed,
  *          it stores 1 with release ordering into its flag word: the writer
@@ -26,6 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* Copies at least this large run without the GIL. */
 #define NOGIL_COPY_BYTES (64 * 1024)
@@ -224,6 +226,32 @@ Region_lease(RegionObject *self, PyObject *args)
 }
 
 static PyObject *
+Region_discard(RegionObject *self, PyObject *args)
+{
+    Py_ssize_t offset, nbytes;
+    if (!PyArg_ParseTuple(args, "nn", &offset, &nbytes))
+        return NULL;
+    if (region_check(self, offset, nbytes) < 0)
+        return NULL;
+    char *start = (char *)self->view.buf + offset;
+    long page = sysconf(_SC_PAGESIZE);
+    if ((uintptr_t)start % page || nbytes % page) {
+        PyErr_Format(PyExc_ValueError,
+                     "%zd bytes at offset %zd are not whole pages", nbytes, offset);
+        return NULL;
+    }
+    int rc = 0;
+    if (nbytes) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = madvise(start, (size_t)nbytes, MADV_REMOVE);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 Region_len(RegionObject *self, void *closure)
 {
     return PyLong_FromSsize_t(self->has_view ? self->view.len : 0);
@@ -243,6 +271,9 @@ static PyMethodDef Region_methods[] = {
     {"lease", (PyCFunction)Region_lease, METH_VARARGS,
      "lease(offset, nbytes, flag_offset) -> Lease: the bytes as a buffer; when the"
      " lease is freed, 1 is stored (release) at flag_offset."},
+    {"discard", (PyCFunction)Region_discard, METH_VARARGS,
+     "discard(offset, nbytes): give these whole pages back to the OS; they read as"
+     " zeros until written again."},
     {NULL}
 };
 

@@ -28,6 +28,9 @@ class Region:
         """Fill a writable buffer from the region."""
     def lease(self, offset: int, nbytes: int, flag_offset: int, /) -> Lease:
         """The bytes as a buffer; freeing the lease stores 1 (release) at ``flag_offset``."""
+    def discard(self, offset: int, nbytes: int, /) -> None:
+        """Give whole pages back to the OS (``MADV_REMOVE``); they read as zeros until
+        written again. ``ValueError`` unless page aligned, ``OSError`` if the kernel refuses."""
 
 @final
 class Lease:

@@ -57,6 +57,7 @@ except ImportError as e:
     ) from e
 
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
+from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
 from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create, round_up
 from dask_lcicomm.providers.spare_core import SpareCore
@@ -218,7 +219,13 @@ class ShmDevice(Device):
     provider = "shm"
     watch_writable = False
 
-    def __init__(self, link: ShmLink, options: DeviceOptions, poll_window: float = 0.0) -> None:
+    def __init__(
+        self,
+        link: ShmLink,
+        options: DeviceOptions,
+        poll_window: float = 0.0,
+        releaser: MemoryReleaser | None = None,
+    ) -> None:
         super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
         self._fd = link.sock.fileno()
@@ -227,6 +234,9 @@ class ShmDevice(Device):
         self._poll_window = poll_window
         # Until when the receiving side polls the ring instead of sleeping.
         self._poll_until = 0.0
+        # Who gives the pages of the peer's segment back once we stop sending.
+        self._releaser = releaser
+        self.sent = False
 
     def fileno(self) -> int:
         return self._fd
@@ -241,6 +251,35 @@ class ShmDevice(Device):
             self._place(unit)
         return super().put(vc, unit, token)
 
+    def _sending(self) -> None:
+        """Written into the peer's segment: be watched until idle again."""
+        if not self.sent and self._releaser is not None:
+            self.sent = True
+            self._releaser.watch(self)
+
+    def release_idle_memory(self) -> bool:
+        """Give back the pages of the peer's segment that we wrote and that
+        are free now: the free ring space, and pool blocks free for a whole
+        period (those freed just now may be reused at once). True when
+        nothing is left to watch: no send since the last look, no block lent."""
+        with self._lock:
+            shared = self._shared
+            if shared is None:
+                return True
+            pool_offset = shared.tx_layout.pool_offset
+            unused = shared.writer.free_pages() + [
+                (pool_offset + offset, nbytes) for offset, nbytes in shared.pool.idle_free()
+            ]
+            try:
+                for offset, nbytes in unused:
+                    shared.tx.discard(offset, nbytes)
+            except OSError as e:
+                logger.warning("shm device to %s keeps its shared memory: %s", self.peer_address, e)
+                self._releaser = None
+                return True
+            sent, self.sent = self.sent, False
+            return not sent and shared.pool.settled
+
     def _place(self, parcel: OutgoingParcel) -> None:
         """Write each bulk group of the parcel (the frames that will share one
         buffer at the receiver) into a pool block of its own now, where one
@@ -252,6 +291,7 @@ class ShmDevice(Device):
         shared = self._shared
         if shared is None:
             return
+        self._sending()
         for group, views in enumerate(parcel.bulk_groups):
             spot = shared.pool.allocate(sum(view.nbytes for view in views))
             if spot is None:
@@ -308,6 +348,8 @@ class ShmDevice(Device):
         except ProtocolError as e:
             logger.warning("closing shm device to %s: %s", self.peer_address, e)
             raise ConnectionAbortedError(str(e)) from e
+        if n:
+            self._sending()
         if n and writer.wake_receiver():
             self._ring()
         if not n:
@@ -368,6 +410,8 @@ class ShmDevice(Device):
         self._decoder.placement = None
         self._shared = None
         self._sock.close()
+        if self._releaser is not None:
+            self._releaser.forget(self)
 
 
 class _Shared:
@@ -409,7 +453,7 @@ class ShmProvider(Provider):
 
         async def handshake(conn: socket.socket) -> Device:
             link = await accept(conn, layout, timeout)
-            return ShmDevice(link, options, _poll_window(settings))
+            return ShmDevice(link, options, _poll_window(settings), _releaser(settings))
 
         close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
@@ -421,7 +465,12 @@ class ShmProvider(Provider):
             peer.offer, peer.pid, _layout(settings),
             peer.local_address, peer.peer_address, connect_timeout(),
         )
-        return ShmDevice(link, options, _poll_window(settings))
+        return ShmDevice(link, options, _poll_window(settings), _releaser(settings))
+
+
+def _releaser(settings: Settings) -> MemoryReleaser | None:
+    """The event loop's releaser, unless idle memory is kept."""
+    return releaser(settings.shm_release_after) if settings.shm_release_after else None
 
 
 def _layout(settings: Settings) -> Layout:

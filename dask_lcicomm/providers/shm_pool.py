@@ -8,6 +8,12 @@ is freed, the receiver stores 1 in the block's flag word (see
 sender, sole owner of the allocation state, collects such blocks before
 each allocation: no message and no lock cross the processes.
 
+Memory freed by its last user stays committed while it is reused, so that
+the next frame finds its pages: asked periodically,
+:meth:`PoolAllocator.idle_free` names the extents that came back before it
+was last asked and were not handed out since, for the device to give back
+to the OS.
+
 The pool is bounded: when no block fits, :meth:`PoolAllocator.allocate`
 returns None and the frames go through the ring instead, which always makes
 progress because the receiver empties it as it decodes, however long the
@@ -44,6 +50,11 @@ class PoolAllocator:
         self._free: list[tuple[int, int]] = [(0, nbytes)] if nbytes else []
         self._handles = list(range(blocks - 1, -1, -1))
         self._used: dict[int, tuple[int, int]] = {}
+        # Extents taken back since the last idle_free(), and before it
+        # (written, maybe handed out again since); extents handed out since.
+        self._taken_back: list[tuple[int, int]] = []
+        self._aging: list[tuple[int, int]] = []
+        self._handed_out: list[tuple[int, int]] = []
 
     @property
     def in_use(self) -> int:
@@ -69,8 +80,24 @@ class PoolAllocator:
             self._free[index] = (offset + size, length - size)
         block = self._handles.pop()
         self._used[block] = (offset, size)
+        self._handed_out.append((offset, size))
         self._claim(block)
         return block, offset
+
+    @property
+    def settled(self) -> bool:
+        """Nothing lent, and nothing taken back that idle_free() has yet to name."""
+        return not (self._used or self._taken_back or self._aging)
+
+    def idle_free(self) -> list[tuple[int, int]]:
+        """Take back what the receiver freed; ``(offset, nbytes)`` of the
+        memory taken back before the previous call and neither handed out
+        since nor in use now, whose pages may be given back."""
+        self._collect()
+        aged, busy = self._aging, self._handed_out
+        self._aging, self._taken_back, self._handed_out = self._taken_back, [], []
+        # What was reused within the period stays committed for the next frame.
+        return _minus(_merged(aged), _merged(busy + list(self._used.values())))
 
     def _find(self, size: int) -> tuple[int, tuple[int, int]] | None:
         for index, extent in enumerate(self._free):
@@ -85,6 +112,7 @@ class PoolAllocator:
 
     def _release(self, block: int) -> None:
         offset, size = self._used.pop(block)
+        self._taken_back.append((offset, size))
         self._handles.append(block)
         free = self._free
         index = bisect.bisect(free, (offset, size))
@@ -97,3 +125,31 @@ class PoolAllocator:
             index -= 1
             del free[index]
         free.insert(index, (offset, size))
+
+
+def _merged(extents: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, nbytes)`` extents sorted, overlapping and touching ones joined."""
+    joined: list[tuple[int, int]] = []
+    for offset, size in sorted(extents):
+        if joined and joined[-1][0] + joined[-1][1] >= offset:
+            last, last_size = joined[-1]
+            joined[-1] = (last, max(last + last_size, offset + size) - last)
+        else:
+            joined.append((offset, size))
+    return joined
+
+
+def _minus(extents: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of sorted, disjoint ``extents`` outside sorted, disjoint ``holes``."""
+    left: list[tuple[int, int]] = []
+    for offset, size in extents:
+        start, end = offset, offset + size
+        for hole, hole_size in holes:
+            if hole + hole_size <= start or hole >= end:
+                continue
+            if hole > start:
+                left.append((start, hole - start))
+            start = max(start, hole + hole_size)
+        if start < end:
+            left.append((start, end - start))
+    return left

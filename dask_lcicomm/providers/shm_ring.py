@@ -23,6 +23,11 @@ litmus test cannot end with both loads stale): either the sleeper finds the
 work, or the worker sees the flag, clears it and rings. A missed wake-up is
 impossible; a spurious one only costs an empty look at the ring.
 
+The sender alone writes the free space ``[TAIL, HEAD + size)`` and the
+receiver never reads it, so the sender may give its whole pages back to the
+OS whenever it is not writing (:meth:`RingWriter.free_pages`): an idle ring
+costs no memory, and the next lap faults fresh pages in.
+
 Counters written by the peer are checked: a ring that claims more than its
 size, or credits never handed out, is a protocol error, not a crash.
 """
@@ -34,7 +39,7 @@ from typing import Any
 
 from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers._atomics import Region, fence
-from dask_lcicomm.providers.shm_segment import ASLEEP, HEAD, TAIL, WAITING, Layout
+from dask_lcicomm.providers.shm_segment import ASLEEP, HEAD, PAGE, TAIL, WAITING, Layout, round_up
 
 
 class RingWriter:
@@ -47,6 +52,8 @@ class RingWriter:
         self._tail = region.load(TAIL)
         self._head = region.load(HEAD)
         self.full = False
+        # (tail, head) when the free pages were last named: nothing new since.
+        self._named_free: tuple[int, int] | None = None
 
     def write(self, buffers: Iterable[Any], skip: int = 0) -> int:
         """Copy the bytes of ``buffers`` after the first ``skip`` into the
@@ -105,6 +112,23 @@ class RingWriter:
         fence()
         region = self._region
         return bool(region.load(ASLEEP) and region.exchange(ASLEEP, 0))
+
+    def free_pages(self) -> list[tuple[int, int]]:
+        """``(offset, nbytes)`` in the segment of the whole pages of free ring
+        space (none of the page that holds the tail), unless named already."""
+        self._refresh_head()
+        if self._named_free == (self._tail, self._head):
+            return []
+        self._named_free = (self._tail, self._head)
+        first, end = round_up(self._tail, PAGE), (self._head + self._size) // PAGE * PAGE
+        if end <= first:
+            return []
+        position, nbytes = first % self._size, end - first
+        head_part = min(nbytes, self._size - position)
+        pages = [(self._start + position, head_part)]
+        if nbytes > head_part:
+            pages.append((self._start, nbytes - head_part))
+        return pages
 
     def _refresh_head(self) -> None:
         head = self._region.load(HEAD)

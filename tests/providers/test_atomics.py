@@ -12,6 +12,8 @@ import pytest
 
 from dask_lcicomm.providers._atomics import Region, fence, map_shared
 
+PAGE = mmap.PAGESIZE
+
 
 @pytest.fixture
 def region():
@@ -178,3 +180,32 @@ def test_published_bytes_are_seen_whole_by_another_process():
             region.store(8, i)
     finally:
         os.waitpid(pid, 0)
+
+
+@pytest.fixture
+def shared():
+    """Four pages of a memory file, mapped as segments are."""
+    fd = os.memfd_create("test")
+    try:
+        os.ftruncate(fd, 4 * PAGE)
+        return map_shared(fd, 4 * PAGE)
+    finally:
+        os.close(fd)
+
+
+def test_discarded_pages_read_as_zeros_and_take_writes_again(shared):
+    shared.write(0, b"\1" * (4 * PAGE))
+    shared.discard(PAGE, 2 * PAGE)
+    out = bytearray(4 * PAGE)
+    shared.read_into(0, out)
+    assert out == b"\1" * PAGE + bytes(2 * PAGE) + b"\1" * PAGE
+    shared.write(PAGE, b"\2")
+    assert shared.load(PAGE) & 0xFF == 2
+
+
+@pytest.mark.parametrize("offset, nbytes, error", [
+    (1, PAGE, ValueError), (0, PAGE + 1, ValueError), (0, 5 * PAGE, IndexError),
+])
+def test_discards_are_whole_pages_inside_the_region(shared, offset, nbytes, error):
+    with pytest.raises(error):
+        shared.discard(offset, nbytes)

@@ -154,6 +154,104 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
             assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
 
 
+def _segments_resident() -> int:
+    """Bytes of this process's shared segments mapped in its page tables
+    (a page given back leaves every mapping at once)."""
+    gc.collect()  # segments of earlier tests whose leases are garbage
+    resident, in_segment = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if fields and "-" in fields[0] and not fields[0].endswith(":"):
+                in_segment = "/memfd:dask-lcicomm" in line
+            elif in_segment and fields[0] == "Rss:":
+                resident += int(fields[1]) * 1024
+    return resident
+
+
+async def _eventually(predicate, timeout=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread"])
+@gen_test(timeout=60)
+async def test_idle_memory_goes_back_to_the_os(endpoint_pair, mode):
+    """Ring pages once the sender idles; a lent block once its objects die;
+    then no timer is left; and the fresh pages carry the next parcels."""
+    # A period long enough for the checks before the first look.
+    with endpoint_pair(mode, provider="shm", pool=32 * MiB, release_after=0.5) as (a, b):
+        baseline = _segments_resident()
+        big = np.arange(16 * MiB, dtype=np.uint8)
+        a.send(1, _parcel(0, [big]))
+        small = [bytes([i]) * 1000 for i in range(256)]
+        for seq in range(1, 1500):  # 1.5 MB through a 1 MiB ring: every page written
+            a.send(1, _parcel(seq, [small[seq % 256]]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1500)
+        kept = np.frombuffer(_messages(b.events)[0].frames[0], np.uint8)
+        b.events.clear()
+        assert _segments_resident() >= baseline + 16 * MiB + MiB
+        # idle: the ring's pages go, the block still in use stays
+        assert await _eventually(lambda: _segments_resident() < baseline + 16 * MiB + 64 * 1024)
+        assert _segments_resident() >= 16 * MiB
+        assert np.array_equal(kept, big)
+        releaser = a.device._releaser
+        assert releaser._watched == {a.device}  # until the block comes back
+        del kept
+        gc.collect()
+        assert await _eventually(lambda: _segments_resident() <= baseline + 64 * 1024)
+        assert await _eventually(lambda: releaser._timer is None and not releaser._watched)
+        # the pages given back read as zeros until written: the next parcels
+        # must not see them
+        for seq in range(1500, 1520):
+            a.send(1, _parcel(seq, [small[seq % 256], big[: 2 * MiB]]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 20)
+        for seq, message in enumerate(_messages(b.events), 1500):
+            assert bytes(message.frames[0]) == small[seq % 256]
+            assert np.array_equal(np.frombuffer(message.frames[1], np.uint8), big[: 2 * MiB])
+
+
+@gen_test(timeout=60)
+async def test_a_trickle_of_small_messages_does_not_keep_memory(endpoint_pair):
+    """Dask's heartbeats never leave a device idle for a whole period."""
+    with endpoint_pair("loop", provider="shm", pool=32 * MiB, release_after=0.2) as (a, b):
+        baseline = _segments_resident()
+        a.send(1, _parcel(0, [np.ones(16 * MiB, dtype=np.uint8)]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        b.events.clear()
+        assert _segments_resident() >= baseline + 16 * MiB
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        seq = 1
+        while _segments_resident() > baseline + 64 * 1024 and loop.time() < deadline:
+            a.send(1, _parcel(seq, [b"heartbeat"]))
+            seq += 1
+            await asyncio.sleep(0.01)
+        assert _segments_resident() <= baseline + 64 * 1024
+        await b.wait_for(lambda ev: len(_messages(ev)) == seq - 1)
+
+
+@gen_test(timeout=60)
+async def test_releasing_between_bursts_loses_nothing(endpoint_pair):
+    """Pages given back while the peer still reads what came before them."""
+    rng = np.random.default_rng(0)
+    with endpoint_pair("loop", provider="shm", sndbuf=256 * 1024, pool=4 * MiB,
+                       release_after=0.001) as (a, b):
+        sent = []
+        for burst in range(40):
+            for _ in range(int(rng.integers(1, 6))):
+                frames = [rng.bytes(int(rng.integers(1, 3000))),
+                          rng.bytes(int(rng.integers(0, 1_500_000)))]
+                a.send(1, _parcel(len(sent), frames))
+                sent.append(frames)
+            await asyncio.sleep(0.003 * (burst % 3))
+        await b.wait_for(lambda ev: len(_messages(ev)) == len(sent))
+        got = [[bytes(f) for f in m.frames] for m in _messages(b.events)]
+        assert got == sent
+
+
 @pytest.mark.parametrize("block, offset", [(64, 0), (0, 100), (0, 8 * MiB)])
 @gen_test(timeout=60)
 async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplog, block, offset):

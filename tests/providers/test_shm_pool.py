@@ -84,10 +84,17 @@ def test_running_out_of_block_handles_refuses_too():
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_traffic_never_hands_out_overlapping_memory(seed):
+    """Nor names memory in use as free to give back."""
     rng = random.Random(seed)
     allocator, receiver = pool(256 * ALIGN, blocks=32)
     live: dict[int, tuple[int, int]] = {}
     for _ in range(300):
+        if rng.random() < 0.1:
+            named = allocator.idle_free()
+            assert named == sorted(named)
+            for offset, nbytes in named:
+                for start, size in live.values():
+                    assert offset + nbytes <= start or start + size <= offset
         if live and rng.random() < 0.45:
             block = rng.choice(list(live))
             receiver.free(block)
@@ -123,3 +130,32 @@ def test_returned_memory_is_reused_before_untouched_memory():
         block, offset = allocator.allocate(4 * ALIGN)
         assert offset == 0
         receiver.free(block)
+
+
+def test_idle_free_names_what_stayed_free_for_a_period():
+    allocator, receiver = pool(64 * ALIGN)
+    first, second = allocator.allocate(4 * ALIGN), allocator.allocate(2 * ALIGN)
+    assert allocator.idle_free() == []  # both still in use
+    receiver.free(first[0])
+    assert allocator.idle_free() == []  # free just now: may be reused at once
+    assert not allocator.settled
+    assert allocator.idle_free() == [(0, 4 * ALIGN)]
+    assert allocator.idle_free() == []  # named once
+    receiver.free(second[0])
+    allocator.idle_free()
+    # only what was written, not the untouched rest of the pool
+    assert allocator.idle_free() == [(4 * ALIGN, 2 * ALIGN)]
+    assert allocator.settled
+
+
+def test_idle_free_keeps_what_is_reused():
+    allocator, receiver = pool(64 * ALIGN)
+    block, _ = allocator.allocate(4 * ALIGN)
+    receiver.free(block)
+    allocator.idle_free()
+    again = allocator.allocate(2 * ALIGN)  # reuses the first half
+    receiver.free(again[0])
+    assert again[1] == 0
+    # the half handed out within the period stays, the other half goes
+    assert allocator.idle_free() == [(2 * ALIGN, 2 * ALIGN)]
+    assert allocator.idle_free() == [(0, 2 * ALIGN)]  # then idle for a whole one

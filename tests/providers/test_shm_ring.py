@@ -118,3 +118,26 @@ def test_credits_never_handed_out_are_a_protocol_error(ring, head):
     sender.store(HEAD, head)
     with pytest.raises(ProtocolError, match="credits it never had"):
         writer.write([bytes(PAGE)])
+
+
+def test_free_pages_are_whole_pages_the_reader_will_not_read():
+    layout = Layout(ring_bytes=4 * PAGE, pool_bytes=0, blocks=1)
+    fd, receiver = create(layout)
+    try:
+        writer = RingWriter(attach(fd, layout), layout)
+    finally:
+        os.close(fd)
+    reader = RingReader(receiver, layout)
+    start = layout.ring_offset
+    assert writer.free_pages() == [(start, 4 * PAGE)]
+    assert writer.free_pages() == []  # nothing written or read since
+    writer.write([b"x" * (PAGE + 10)])
+    # the page holding the tail has unread bytes before it
+    assert writer.free_pages() == [(start + 2 * PAGE, 2 * PAGE)]
+    assert len(drain(reader)) == PAGE + 10
+    # read space comes free, wrapped around behind the tail
+    assert writer.free_pages() == [(start + 2 * PAGE, 2 * PAGE), (start, PAGE)]
+    writer.write([b"y" * (3 * PAGE - 10)])  # the tail at the end of the ring
+    assert writer.free_pages() == [(start, PAGE)]
+    writer.write([b"z" * (2 * PAGE)])
+    assert writer.full and writer.free_pages() == []
