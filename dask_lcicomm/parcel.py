@@ -66,6 +66,8 @@ from pickle import PickleBuffer
 
 import numpy as np
 
+from dask_lcicomm.packet_pool import packet_pool
+
 MAGIC = b"LCIP"
 VERSION = 2
 HEADER = struct.Struct("<4sBBHIQI")
@@ -576,8 +578,10 @@ class ParcelDecoder:
         self.require_connect = require_connect
         self.placement = placement
         self._size = buffer_size
-        self._buf = bytearray(buffer_size)
-        self._view = memoryview(self._buf)
+        self._pool = packet_pool(buffer_size)
+        # Held only while bytes in it wait to be parsed (see packet_pool).
+        self._buf: bytearray | None = None
+        self._view = _NOTHING
         self._start = 0
         self._end = 0
         self._need = HEADER.size
@@ -599,11 +603,10 @@ class ParcelDecoder:
     def get_buffer(self) -> memoryview:
         if self._direct is not None:
             return self._direct[self._direct_pos :]
-        if self._start == self._end:
+        if self._buf is None:
             self._start = self._end = 0
-            if len(self._buf) > self._size and self._need <= self._size:
-                self._buf = bytearray(self._size)
-                self._view = memoryview(self._buf)
+            self._buf = self._pool.take()
+            self._view = memoryview(self._buf)
         capacity = len(self._buf)
         if capacity - self._end < max(4096, self._need - (self._end - self._start)):
             pending = self._end - self._start
@@ -633,9 +636,14 @@ class ParcelDecoder:
                 self._direct = None
                 self._fragment_done(self._direct_vc, events)
                 self._parse(events)
-            return events
-        self._end += nbytes
-        self._parse(events)
+        else:
+            self._end += nbytes
+            self._parse(events)
+        if self._start == self._end and self._buf is not None:
+            # All parsed (frames are copies): the buffer goes back to the pool.
+            self._view.release()
+            self._pool.give(self._buf)
+            self._buf, self._view = None, _NOTHING
         return events
 
     def feed(self, data: Buffer) -> list[Event]:
