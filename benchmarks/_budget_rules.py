@@ -85,7 +85,7 @@ def _is_syscall(f: Frame) -> bool:
 
 
 def _is_codec(f: Frame) -> bool:
-    return f.within("dask_lcicomm") and f.named("parcel.py")
+    return f.within("dask_lcicomm", "parcel")
 
 
 def _is_dask_comm(f: Frame) -> bool:
@@ -124,7 +124,7 @@ RULES: tuple[Rule, ...] = (
          "recv_into, recvmsg_into, epoll register/modify/unregister, os.read/write), or the "
          "shm doorbell ShmDevice._ring; measured as the kernel time from /proc, these samples "
          "only keep syscalls out of the user-time shares", _is_syscall),
-    Rule("codec", "dask_lcicomm/parcel.py: parcel encode/decode", _is_codec),
+    Rule("codec", "dask_lcicomm/parcel/ (wire, grouping, writer, reader): parcel encode/decode", _is_codec),
     Rule("lci", "the rest of dask_lcicomm: comm, vconn, parcelport, link, progress, providers",
          lambda f: f.within("dask_lcicomm")),
     Rule("dask comm", "distributed.comm other than to/from_frames, tornado's IOStream "

@@ -278,7 +278,7 @@ _ROW_NAMES = {
     "serialization": "serialization (to/from_frames)",
     "event loop": "event-loop hops",
     "syscalls": "syscalls and doorbells",
-    "codec": "lci codec (parcel.py)",
+    "codec": "lci codec (parcel/)",
     "lci": "lci layers (rest of dask_lcicomm)",
     "dask comm": "Dask comm layer (+ tornado streams; floor's comm)",
     "other": "other on CPU (benchmark loop)",

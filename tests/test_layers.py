@@ -91,3 +91,21 @@ def test_only_the_registry_names_providers():
     for name, imported in graph.items():
         if not name.startswith("dask_lcicomm.providers"):
             assert not imported & concrete, f"{name} imports {imported & concrete}"
+
+
+def test_the_codec_is_layered():
+    """Within the codec each module imports only those below it: the wire
+    format, the grouping policy on it, the writer on both; the reader needs the
+    wire format alone. None imports the package itself."""
+    graph = _graph()
+    below = {
+        "wire": set(),
+        "grouping": {"wire"},
+        "writer": {"wire", "grouping"},
+        "reader": {"wire"},
+    }
+    for module, allowed in below.items():
+        imported = {name.removeprefix("dask_lcicomm.parcel").lstrip(".") or "(the package)"
+                    for name in graph[f"dask_lcicomm.parcel.{module}"]
+                    if name == "dask_lcicomm.parcel" or name.startswith("dask_lcicomm.parcel.")}
+        assert imported <= allowed, f"parcel.{module} imports {sorted(imported - allowed)}"
