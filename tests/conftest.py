@@ -15,7 +15,8 @@ from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import shm_segment, ucx
 from dask_lcicomm.providers.base import DeviceOptions
-from dask_lcicomm.providers.shm import ShmDevice, ShmLink
+from dask_lcicomm.providers.shm import ShmDevice
+from dask_lcicomm.providers.shm_handshake import ShmLink
 from dask_lcicomm.providers.shm_release import releaser
 from dask_lcicomm.providers.tcp import TcpDevice
 

@@ -14,7 +14,7 @@ from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
 from dask_lcicomm import parcelport
-from dask_lcicomm.providers import shm, ucx
+from dask_lcicomm.providers import shm_handshake, ucx
 
 
 async def _pair(**connect_kwargs):
@@ -61,7 +61,7 @@ async def test_providers_that_prefer_tcp_use_tcp(providers):
 
 @gen_test(timeout=30)
 async def test_a_refused_peer_falls_back_to_tcp_with_a_logged_reason(monkeypatch, caplog):
-    monkeypatch.setattr(shm.os, "getuid", lambda: 4242)
+    monkeypatch.setattr(shm_handshake.os, "getuid", lambda: 4242)
     with caplog.at_level(logging.INFO, "dask_lcicomm"):
         listener, near, far = await _pair()
     try:
@@ -140,7 +140,7 @@ async def test_a_required_provider_is_used():
 
 @gen_test(timeout=30)
 async def test_a_peer_no_required_provider_reaches_is_refused_at_once_with_the_reasons(monkeypatch):
-    monkeypatch.setattr(shm.os, "getuid", lambda: 4242)
+    monkeypatch.setattr(shm_handshake.os, "getuid", lambda: 4242)
     with dask.config.set({"distributed.comm.lci.providers": ["shm"]}):
         listener = listen("lci://127.0.0.1:0", lambda comm: None)
         await listener.start()

@@ -44,8 +44,7 @@ _HELLO, _CONNECT, _CLOSE = int(Kind.HELLO), int(Kind.CONNECT), int(Kind.CLOSE)
 _SIZE_TABLES = {n: struct.Struct(f"<{n}Q") for n in range(33)}
 _WORD_TABLES = {n: struct.Struct(f"<{2 * n}I") for n in range(33)}
 
-#: Empty frames are slices of this (each its own view, so that releasing one
-#: harms no other).
+#: Empty frames are slices of this (each its own view: releasing one harms no other).
 _NOTHING = memoryview(bytearray())
 
 

@@ -7,30 +7,18 @@ segment's ring (:mod:`.shm_ring`); each large frame is written once, by the
 sender, into a pool block of the receiver's segment, and the receiver hands
 that memory to the deserializer as the frame itself (:mod:`.shm_pool`). The
 sender rings a doorbell, one byte on a Unix socket, only when the receiver
-sleeps; the same socket tells each side that the other is gone.
-
-Proving that a peer shares our host: its listener advertises an *abstract*
-Unix socket (no file; reachable only from the same network namespace) in its
-greeting over TCP. We connect to it, check with ``SO_PEERCRED`` that the
-process there is the one that greeted us and runs as our user, and exchange
-segments with ``SCM_RIGHTS``; mapping them proves that the memory is shared.
-Any failure on the way means "not the same host" and the channel stays on
-TCP, with the reason logged.
+sleeps; the same socket tells each side that the other is gone. A peer
+proves that it shares our host in the handshake (:mod:`.shm_handshake`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import socket
-import struct
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dask.config
@@ -56,16 +44,15 @@ except ImportError as e:
         " providers"
     ) from e
 
+from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
-from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create, round_up
+from dask_lcicomm.providers.shm_segment import Layout, round_up
 from dask_lcicomm.providers.spare_core import SpareCore
 
 logger = logging.getLogger(__name__)
 
-_SETUP_BYTES = 4096
-_MAX_ADDRESS = 512
 _DOORBELL = b"\1"
 #: Whether a device may poll now (one reading per millisecond per process).
 _spare_core = SpareCore(period=1e-3)
@@ -76,141 +63,6 @@ def unavailable() -> str | None:
     if not hasattr(os, "memfd_create") or not hasattr(socket, "SO_PEERCRED"):
         return "memfd_create and SO_PEERCRED need Linux"
     return None
-
-
-@dataclass
-class ShmLink:
-    """A connected socket and both segments of a device, ready to use."""
-
-    sock: socket.socket
-    tx: Any
-    tx_layout: Layout
-    rx: Any
-    rx_layout: Layout
-    local_address: str
-    peer_address: str
-
-
-def listen(backlog: int) -> tuple[socket.socket, str]:
-    """A listening abstract Unix socket and the name peers connect to."""
-    name = f"dask-lcicomm-{os.getpid()}-{uuid.uuid4().hex}"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        sock.bind("\0" + name)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock, name
-
-
-async def connect(
-    name: str, peer_pid: Any, layout: Layout, local_address: str, peer_address: str, timeout: float
-) -> ShmLink:
-    """Attach to the listener that advertised ``name`` in its greeting."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    sock.setblocking(False)
-    try:
-        return await asyncio.wait_for(
-            _connect(sock, name, peer_pid, layout, local_address, peer_address), timeout
-        )
-    except (OSError, ValueError, asyncio.TimeoutError) as e:
-        sock.close()
-        raise ProviderUnavailable(f"{type(e).__name__}: {e}") from e
-    except BaseException:
-        sock.close()
-        raise
-
-
-async def _connect(
-    sock: socket.socket, name: str, peer_pid: Any, layout: Layout, local: str, peer: str
-) -> ShmLink:
-    await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
-    pid = _check_peer(sock)
-    if pid != peer_pid:
-        raise ProviderUnavailable(
-            f"the shared-memory socket belongs to pid {pid}, the greeting came from {peer_pid}"
-        )
-    rx = _grant(sock, layout, {"local": local, "peer": peer})
-    _, tx, tx_layout = await _receive_grant(sock)
-    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
-
-
-async def accept(sock: socket.socket, layout: Layout, timeout: float) -> ShmLink:
-    """Answer a peer that connected to our abstract socket."""
-    try:
-        return await asyncio.wait_for(_accept(sock, layout), timeout)
-    except (OSError, ValueError, asyncio.TimeoutError) as e:
-        raise ProviderUnavailable(f"{type(e).__name__}: {e}") from e
-
-
-async def _accept(sock: socket.socket, layout: Layout) -> ShmLink:
-    _check_peer(sock)
-    info, tx, tx_layout = await _receive_grant(sock)
-    local, peer = _address(info.get("peer")), _address(info.get("local"))
-    rx = _grant(sock, layout, {})
-    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
-
-
-def _address(address: object) -> str:
-    """An lci:// address from a peer's grant, checked."""
-    if not (isinstance(address, str) and address.startswith("lci://") and len(address) <= _MAX_ADDRESS):
-        raise SegmentError(f"malformed address in segment grant: {address!r}")
-    return address
-
-
-def _check_peer(sock: socket.socket) -> int:
-    """The peer's pid, if it runs as our user."""
-    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != os.getuid():
-        raise ProviderUnavailable(f"peer pid {pid} runs as uid {uid}, not {os.getuid()}")
-    return pid
-
-
-def _grant(sock: socket.socket, layout: Layout, extra: dict[str, str]) -> Any:
-    """Create our receiving segment and grant it to the peer."""
-    fd, region = create(layout)
-    try:
-        # We are not watching the ring until a doorbell rings: say so.
-        region.store(ASLEEP, 1)
-        message = json.dumps({"segment": layout.describe(), **extra}).encode()
-        socket.send_fds(sock, [message], [fd])
-    finally:
-        os.close(fd)
-    return region
-
-
-async def _receive_grant(sock: socket.socket) -> tuple[dict[str, Any], Any, Layout]:
-    """Wait for the peer's segment and map it."""
-    await _readable(sock)
-    message, fds, flags, _ = socket.recv_fds(sock, _SETUP_BYTES, 1)
-    try:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            raise SegmentError("segment grant was truncated")
-        if not message:
-            raise SegmentError("peer closed before granting a segment")
-        if len(fds) != 1:
-            raise SegmentError(f"segment grant carried {len(fds)} descriptors")
-        info = json.loads(message)
-        if not isinstance(info, dict):
-            raise SegmentError("malformed segment grant")
-        layout = Layout.from_description(info.get("segment"))
-        region = attach(fds[0], layout)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return info, region, layout
-
-
-async def _readable(sock: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: None if ready.done() else ready.set_result(None))
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())
 
 
 class ShmDevice(Device):

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
-import os
-import socket
 
 import dask
 import numpy as np
@@ -20,8 +17,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
 from dask_lcicomm.providers.base import Device, DeviceLost
-from dask_lcicomm.providers.registry import ProviderUnavailable
-from dask_lcicomm.providers.shm_segment import PAGE, TAIL, Layout, create
+from dask_lcicomm.providers.shm_segment import PAGE, TAIL
 
 MiB = 1 << 20
 
@@ -214,6 +210,19 @@ async def test_idle_memory_goes_back_to_the_os(endpoint_pair, mode):
 
 
 @gen_test(timeout=60)
+async def test_a_closed_device_leaves_no_timer_behind(endpoint_pair):
+    """Even with a block it lent still in use: the timer goes with the device."""
+    with endpoint_pair("loop", provider="shm", pool=8 * MiB, release_after=0.05) as (a, b):
+        a.send(1, _parcel(0, [np.ones(2 * MiB, dtype=np.uint8)]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        kept = _messages(b.events)[0].frames[0]
+        releaser = a.device._releaser
+        assert releaser._watched == {a.device}
+    assert await _eventually(lambda: releaser._timer is None and not releaser._watched)
+    assert np.frombuffer(kept, np.uint8).sum() == 2 * MiB  # the lent frame outlives its device
+
+
+@gen_test(timeout=60)
 async def test_a_trickle_of_small_messages_does_not_keep_memory(endpoint_pair):
     """Dask's heartbeats never leave a device idle for a whole period."""
     with endpoint_pair("loop", provider="shm", pool=32 * MiB, release_after=0.2) as (a, b):
@@ -286,117 +295,8 @@ async def test_peer_going_away_is_seen_after_its_last_bytes(endpoint_pair):
         assert np.array_equal(np.frombuffer(_messages(b.events)[0].frames[0], np.uint8), payload)
 
 
-# -- the handshake ----------------------------------------------------------
-
-LAYOUT = Layout(PAGE, 4 * PAGE, 8)
-
-
 def test_configured_sizes_become_whole_pages():
     sizes = {"distributed.comm.lci.shm-ring-size": 1, "distributed.comm.lci.shm-pool-size": 10_000}
     with dask.config.set(sizes):
         layout = shm._layout(Settings.from_config())
     assert (layout.ring_bytes, layout.pool_bytes) == (PAGE, -(-10_000 // PAGE) * PAGE)
-
-
-class Listening:
-    """An abstract socket whose accepted connections run ``shm.accept``."""
-
-    def __init__(self):
-        self.sock, self.name = shm.listen(8)
-        self.results: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self.sock.fileno(), self._accept)
-        self._tasks = set()
-
-    def _accept(self):
-        conn, _ = self.sock.accept()
-        conn.setblocking(False)
-        task = asyncio.ensure_future(self._answer(conn))
-        self._tasks.add(task)
-
-    async def _answer(self, conn):
-        try:
-            await self.results.put(await shm.accept(conn, LAYOUT, 5))
-        except ProviderUnavailable as e:
-            conn.close()
-            await self.results.put(e)
-
-    def close(self):
-        asyncio.get_running_loop().remove_reader(self.sock.fileno())
-        self.sock.close()
-
-
-@gen_test(timeout=30)
-async def test_handshake_links_two_ends_that_share_memory():
-    listening = Listening()
-    try:
-        near = await shm.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
-        far = await listening.results.get()
-        assert (far.local_address, far.peer_address) == ("lci://l:2", "lci://c:1")
-        near.tx.write(LAYOUT.pool_offset, b"to far")
-        out = bytearray(6)
-        far.rx.read_into(LAYOUT.pool_offset, out)
-        assert out == b"to far"
-        for link in (near, far):
-            link.sock.close()
-    finally:
-        listening.close()
-
-
-@gen_test(timeout=30)
-async def test_handshake_refuses_another_process_than_the_greeter():
-    listening = Listening()
-    try:
-        with pytest.raises(ProviderUnavailable, match="belongs to pid"):
-            await shm.connect(listening.name, os.getpid() + 1, LAYOUT, "lci://c:1", "lci://l:2", 5)
-    finally:
-        listening.close()
-
-
-@gen_test(timeout=30)
-async def test_handshake_refuses_another_user(monkeypatch):
-    listening = Listening()
-    try:
-        monkeypatch.setattr(shm.os, "getuid", lambda: 12345)
-        with pytest.raises(ProviderUnavailable, match="runs as uid"):
-            await shm.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
-        refused = await listening.results.get()
-        assert isinstance(refused, ProviderUnavailable) and "runs as uid" in str(refused)
-    finally:
-        listening.close()
-
-
-@gen_test(timeout=30)
-async def test_handshake_with_nobody_there():
-    with pytest.raises(ProviderUnavailable, match=r"ConnectionRefused|FileNotFound"):
-        await shm.connect("dask-lcicomm-nobody", os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
-
-
-@pytest.mark.parametrize(
-    "grant, fds, match",
-    [
-        (b"not json", 1, "JSONDecodeError"),
-        (json.dumps({"segment": LAYOUT.describe()}).encode(), 0, "carried 0 descriptors"),
-        (json.dumps({"segment": {"ring": 1}}).encode(), 1, "malformed segment"),
-        (json.dumps({"segment": LAYOUT.describe(), "local": 5, "peer": "x"}).encode(), 1,
-         "malformed address"),
-        (json.dumps({"segment": Layout(PAGE, 8 * PAGE, 8).describe(), "local": "lci://a:1",
-                     "peer": "lci://b:2"}).encode(), 1, "its layout says"),
-    ],
-)
-@gen_test(timeout=30)
-async def test_malformed_grants_are_refused(grant, fds, match):
-    listening = Listening()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.connect("\0" + listening.name)
-        rights = [create(LAYOUT)[0] for _ in range(fds)]
-        socket.send_fds(sock, [grant], rights)
-        for fd in rights:
-            os.close(fd)
-        refused = await listening.results.get()
-        assert isinstance(refused, ProviderUnavailable)
-        assert match in str(refused)
-    finally:
-        sock.close()
-        listening.close()

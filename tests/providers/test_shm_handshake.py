@@ -1,0 +1,123 @@
+"""The shm provider's handshake: two processes prove that they share memory,
+and anything else (another process, another user, nobody, a malformed grant)
+is refused with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+
+import pytest
+from distributed.utils_test import gen_test
+
+from dask_lcicomm.providers import shm_handshake
+from dask_lcicomm.providers.registry import ProviderUnavailable
+from dask_lcicomm.providers.shm_segment import PAGE, Layout, create
+
+LAYOUT = Layout(PAGE, 4 * PAGE, 8)
+
+
+class Listening:
+    """An abstract socket whose accepted connections run ``shm_handshake.accept``."""
+
+    def __init__(self):
+        self.sock, self.name = shm_handshake.listen(8)
+        self.results: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.sock.fileno(), self._accept)
+        self._tasks = set()
+
+    def _accept(self):
+        conn, _ = self.sock.accept()
+        conn.setblocking(False)
+        task = asyncio.ensure_future(self._answer(conn))
+        self._tasks.add(task)
+
+    async def _answer(self, conn):
+        try:
+            await self.results.put(await shm_handshake.accept(conn, LAYOUT, 5))
+        except ProviderUnavailable as e:
+            conn.close()
+            await self.results.put(e)
+
+    def close(self):
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_links_two_ends_that_share_memory():
+    listening = Listening()
+    try:
+        near = await shm_handshake.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        far = await listening.results.get()
+        assert (far.local_address, far.peer_address) == ("lci://l:2", "lci://c:1")
+        near.tx.write(LAYOUT.pool_offset, b"to far")
+        out = bytearray(6)
+        far.rx.read_into(LAYOUT.pool_offset, out)
+        assert out == b"to far"
+        for link in (near, far):
+            link.sock.close()
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_refuses_another_process_than_the_greeter():
+    listening = Listening()
+    try:
+        with pytest.raises(ProviderUnavailable, match="belongs to pid"):
+            await shm_handshake.connect(listening.name, os.getpid() + 1, LAYOUT, "lci://c:1", "lci://l:2", 5)
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_refuses_another_user(monkeypatch):
+    listening = Listening()
+    try:
+        monkeypatch.setattr(shm_handshake.os, "getuid", lambda: 12345)
+        with pytest.raises(ProviderUnavailable, match="runs as uid"):
+            await shm_handshake.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        refused = await listening.results.get()
+        assert isinstance(refused, ProviderUnavailable) and "runs as uid" in str(refused)
+    finally:
+        listening.close()
+
+
+@gen_test(timeout=30)
+async def test_handshake_with_nobody_there():
+    with pytest.raises(ProviderUnavailable, match=r"ConnectionRefused|FileNotFound"):
+        await shm_handshake.connect("dask-lcicomm-nobody", os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+
+
+@pytest.mark.parametrize(
+    "grant, fds, match",
+    [
+        (b"not json", 1, "JSONDecodeError"),
+        (json.dumps({"segment": LAYOUT.describe()}).encode(), 0, "carried 0 descriptors"),
+        (json.dumps({"segment": {"ring": 1}}).encode(), 1, "malformed segment"),
+        (json.dumps({"segment": LAYOUT.describe(), "local": 5, "peer": "x"}).encode(), 1,
+         "malformed address"),
+        (json.dumps({"segment": Layout(PAGE, 8 * PAGE, 8).describe(), "local": "lci://a:1",
+                     "peer": "lci://b:2"}).encode(), 1, "its layout says"),
+    ],
+)
+@gen_test(timeout=30)
+async def test_malformed_grants_are_refused(grant, fds, match):
+    listening = Listening()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect("\0" + listening.name)
+        rights = [create(LAYOUT)[0] for _ in range(fds)]
+        socket.send_fds(sock, [grant], rights)
+        for fd in rights:
+            os.close(fd)
+        refused = await listening.results.get()
+        assert isinstance(refused, ProviderUnavailable)
+        assert match in str(refused)
+    finally:
+        sock.close()
+        listening.close()
