@@ -86,7 +86,8 @@ class ShmDevice(Device):
         self._poll_window = poll_window
         # Until when the receiving side polls the ring instead of sleeping.
         self._poll_until = 0.0
-        # Who gives the pages of the peer's segment back once we stop sending.
+        # Who has us give back, once a period, the pages of the peer's
+        # segment that we wrote and no longer use.
         self._releaser = releaser
         self.sent = False
 
@@ -127,7 +128,7 @@ class ShmDevice(Device):
                     shared.tx.discard(offset, nbytes)
             except OSError as e:
                 logger.warning("shm device to %s keeps its shared memory: %s", self.peer_address, e)
-                self._releaser = None
+                self._releaser, self.sent = None, False
                 return True
             sent, self.sent = self.sent, False
             return not sent and shared.pool.settled

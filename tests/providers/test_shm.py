@@ -222,6 +222,35 @@ async def test_a_closed_device_leaves_no_timer_behind(endpoint_pair):
     assert np.frombuffer(kept, np.uint8).sum() == 2 * MiB  # the lent frame outlives its device
 
 
+class _Refusing:
+    """A segment mapping whose pages the kernel will not give back."""
+
+    def __init__(self, region):
+        self._region = region
+
+    def discard(self, offset, nbytes):
+        raise OSError(22, "Invalid argument")
+
+    def __getattr__(self, name):
+        return getattr(self._region, name)
+
+
+@gen_test(timeout=60)
+async def test_memory_the_kernel_keeps_is_kept_with_one_warning(endpoint_pair, caplog):
+    with endpoint_pair("loop", provider="shm", release_after=0.02) as (a, b):
+        a.device._shared.tx = _Refusing(a.device._shared.tx)
+        releaser = a.device._releaser
+        with caplog.at_level(logging.WARNING, logger="dask_lcicomm.providers.shm"):
+            for seq in range(3):
+                a.send(1, _parcel(seq, [b"x" * 100]))
+                await b.wait_for(lambda ev, n=seq + 1: len(_messages(ev)) == n)
+                await asyncio.sleep(0.05)
+            assert await _eventually(lambda: releaser._timer is None and not releaser._watched)
+        assert caplog.text.count("keeps its shared memory") == 1
+        a.send(1, _parcel(3, [b"still works"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 4)
+
+
 @gen_test(timeout=60)
 async def test_a_trickle_of_small_messages_does_not_keep_memory(endpoint_pair):
     """Dask's heartbeats never leave a device idle for a whole period."""
