@@ -113,13 +113,21 @@ def _comm_thread_stacks(raw: str, pid: int) -> list[tuple[tuple[Frame, ...], int
     """The stacks of the threads that carry the comm, from py-spy's raw format
     (``thread;frame;...;frame count``): the main thread (the event loop's, see
     :func:`_is_main_thread`) and lci's progress threads (``progress=thread``);
-    helper threads that block for the harness are left out."""
-    stacks = []
+    helper threads that block for the harness are left out. A frame whose
+    name holds a line break (seen on Python 3.13) continues its sample on the
+    next line; a sample that still ends in no count is left out."""
+    samples: list[str] = []
     for line in raw.splitlines():
-        frames, _, count = line.rpartition(" ")
+        if line.startswith("thread (") or not samples:
+            samples.append(line)
+        else:
+            samples[-1] += "\n" + line
+    stacks = []
+    for sample in samples:
+        frames, _, count = sample.rpartition(" ")
         thread, *names = frames.split(";")
         label = _THREAD.match(thread)
-        if label is None:
+        if label is None or not count.isdigit():
             continue
         stack = tuple(_frame(name) for name in names)
         if _is_main_thread(label, pid) or any(_is_progress_thread(f) for f in stack):

@@ -21,3 +21,15 @@ def test_main_thread_by_pid_or_by_name_and_progress_threads_by_their_frames():
     ])
     counts = [count for _, count in _comm_thread_stacks(raw, PID)]
     assert counts == [7, 5, 2]
+
+
+def test_a_frame_name_with_a_line_break_continues_its_sample():
+    raw = "\n".join([
+        f"thread ({PID}): MainThread;<lambda> (<string>:1);a name that goes on",
+        "over two lines. (<string>:2);" + LOOP + " 4",
+        f"thread ({PID}): MainThread;{LOOP} 3",
+        f"thread ({PID}): MainThread;a sample cut short without a count",
+    ])
+    stacks = _comm_thread_stacks(raw, PID)
+    assert [count for _, count in stacks] == [4, 3]
+    assert len(stacks[0][0]) == 3
