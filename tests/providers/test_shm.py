@@ -70,6 +70,14 @@ def _count_doorbells(device):
     return rung
 
 
+async def _eventually(predicate, timeout=5.0):
+    """Whether ``predicate()`` holds within ``timeout`` s, the event loop running meanwhile."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
 @pytest.fixture
 def spare_core(monkeypatch):
     """Whether a core is free, as the test sets it (the real answer follows
@@ -110,10 +118,7 @@ async def test_a_poller_sleeps_as_soon_as_others_want_the_cores(endpoint_pair, s
         await b.wait_for(lambda ev: len(_messages(ev)) == 1)
         assert b.device.input_pending  # polling, for up to 30 s
         spare_core["spare"] = False
-        deadline = asyncio.get_running_loop().time() + 5
-        while b.device.input_pending and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        assert not b.device.input_pending  # asleep long before its window is over
+        assert await _eventually(lambda: not b.device.input_pending)  # asleep long before its window is over
         rung.clear()
         a.send(1, _parcel(1, [b"second"]))
         await b.wait_for(lambda ev: len(_messages(ev)) == 2)
@@ -127,10 +132,7 @@ async def test_polling_stops_when_its_window_is_over(endpoint_pair, spare_core):
         a.send(1, _parcel(0, [b"first"]))
         await b.wait_for(lambda ev: len(_messages(ev)) == 1)
         assert b.device.input_pending  # polling
-        deadline = asyncio.get_running_loop().time() + 5
-        while b.device.input_pending and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        assert not b.device.input_pending  # asleep: the idle process costs nothing
+        assert await _eventually(lambda: not b.device.input_pending)  # asleep: the idle process costs nothing
         rung.clear()
         a.send(1, _parcel(1, [b"second"]))
         await b.wait_for(lambda ev: len(_messages(ev)) == 2)
@@ -163,13 +165,6 @@ def _segments_resident() -> int:
             elif in_segment and fields[0] == "Rss:":
                 resident += int(fields[1]) * 1024
     return resident
-
-
-async def _eventually(predicate, timeout=5.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    return predicate()
 
 
 @pytest.mark.parametrize("mode", ["loop", "thread"])
