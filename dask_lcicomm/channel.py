@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from distributed.comm.core import FatalCommClosedError
@@ -38,7 +38,7 @@ class NoProvider(FatalCommClosedError):
 
 
 class Opener(Protocol):
-    """How a channel gets its links (the parcelport)."""
+    """How a channel gets its links (:class:`~dask_lcicomm.link.Links`)."""
 
     #: Whether a channel may stay on the bootstrap provider.
     bootstrap_allowed: bool
@@ -57,15 +57,16 @@ class Opener(Protocol):
     def finish(self, link: Link) -> None:
         """Close ``link`` gracefully."""
 
-    def forget(self, channel: Channel) -> None:
-        """The channel is closed."""
-
 
 class Channel:
     """The links to the listener at ``key``, opened once, shared by its comms."""
 
-    def __init__(self, opener: Opener, key: str, ndevices: int) -> None:
+    def __init__(
+        self, opener: Opener, key: str, ndevices: int, forget: Callable[[Channel], None]
+    ) -> None:
         self._opener = opener
+        #: Called once the channel is closed.
+        self._forget = forget
         self.key = key
         self._ndevices = ndevices
         self.links: list[Link] = []
@@ -88,7 +89,7 @@ class Channel:
             links = await self._open_links(host, port)
         except BaseException:
             self.closed = True
-            self._opener.forget(self)
+            self._forget(self)
             raise
         if self.closed:
             for link in links:
@@ -107,11 +108,11 @@ class Channel:
         n = self._ndevices
         opener = self._opener
         first = await opener.bootstrap(host, port, 0)
-        assert first.peer is not None
+        assert first.protocol.peer is not None
         reasons = dict(opener.unusable)
         try:
             for provider in opener.upgrades():
-                if provider.name not in first.peer.offers:
+                if provider.name not in first.protocol.peer.offers:
                     reasons[provider.name] = "the peer does not offer it"
                     continue
                 try:
@@ -178,7 +179,7 @@ class Channel:
         connected to any more. Open no more virtual connections here; close
         when the last one is gone."""
         self.closed = True
-        self._opener.forget(self)
+        self._forget(self)
         self._maybe_close()
 
     def _maybe_close(self) -> None:
@@ -196,4 +197,4 @@ class Channel:
         links, self.links = self.links, []
         for link in links:
             self._opener.finish(link)
-        self._opener.forget(self)
+        self._forget(self)

@@ -23,9 +23,9 @@ from distributed.comm.core import CommClosedError
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.link import Link
-from dask_lcicomm.parcel import Buffer, OutgoingParcel, encode_close
+from dask_lcicomm.parcel import Buffer, OutgoingParcel
 from dask_lcicomm.providers.base import DeviceClosed
-from dask_lcicomm.providers.send_queue import Raw, Unit
+from dask_lcicomm.providers.send_queue import Unit
 
 
 class Transport(Protocol):
@@ -37,8 +37,11 @@ class Transport(Protocol):
     def send(self, link: Link, vc: int, unit: Unit, token: Any = None) -> None:
         """Queue ``unit``; :class:`DeviceClosed` if the link is gone."""
 
-    def release(self, link: Link, vc: int) -> None:
-        """``vc`` is closed on our side: forget it."""
+    def close_vc(
+        self, link: Link, vc: int, receiver: VirtualConnection, token: asyncio.Future[None] | None
+    ) -> bool:
+        """``receiver`` closed its end of ``vc``: tell the peer and forget
+        it. True when a CLOSE was queued; its sending completes ``token``."""
 
 
 class VirtualConnection:
@@ -142,16 +145,7 @@ class VirtualConnection:
         CLOSE was queued, whose sending completes ``token``."""
         self._closed = True
         self._wake_reader()
-        link, vc = self._link, self.vc
-        if link.vcs.get(vc) is not self:
-            return False
-        try:
-            self._transport.send(link, vc, Raw(encode_close(vc)), token)
-            queued = True
-        except DeviceClosed:
-            queued = False
-        self._transport.release(link, vc)
-        return queued
+        return self._transport.close_vc(self._link, self.vc, self, token)
 
     # -- called by the parcelport (Receiver) ---------------------------------
 

@@ -13,8 +13,7 @@ from distributed.comm.core import FatalCommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
-from dask_lcicomm import parcelport
-from dask_lcicomm.providers import shm_handshake, ucx
+from dask_lcicomm.providers import registry, shm_handshake, ucx
 
 
 async def _pair(**connect_kwargs):
@@ -97,17 +96,18 @@ async def test_a_connect_that_gave_up_leaves_its_channel_for_the_retry(monkeypat
     tries again: the links the first attempt opened serve the second, and
     close by themselves if nobody comes."""
     from dask_lcicomm import channel as channel_module
+    from dask_lcicomm.link import Links
     from dask_lcicomm.parcelport import Parcelport
 
     opened = []
-    original = Parcelport.bootstrap
+    original = Links.bootstrap
 
     async def slow_bootstrap(self, host, port, index):
         opened.append(index)
         await asyncio.sleep(0.3)
         return await original(self, host, port, index)
 
-    monkeypatch.setattr(Parcelport, "bootstrap", slow_bootstrap)
+    monkeypatch.setattr(Links, "bootstrap", slow_bootstrap)
     monkeypatch.setattr(channel_module, "GRACE", 0.5)
     with dask.config.set({"distributed.comm.lci.providers": ["tcp"]}):
         async with listen("lci://127.0.0.1:0", lambda comm: comm.close()) as listener:
@@ -158,7 +158,7 @@ def _ucx_broken(monkeypatch) -> None:
     monkeypatch.setattr(ucx._Context, "_context", None)
     monkeypatch.setattr(ucx._Context, "_error", "UCX cannot open the fabric: (simulated)")
     # The reason is logged once per process: forget that an earlier test saw it.
-    parcelport._report_unavailable.cache_clear()
+    registry._report_unavailable.cache_clear()
 
 
 @gen_test(timeout=30)

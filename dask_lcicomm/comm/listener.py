@@ -14,7 +14,8 @@ from distributed.comm.utils import ensure_concrete_host
 
 from dask_lcicomm.comm.comm import LCIComm
 from dask_lcicomm.comm.security import check_encryption
-from dask_lcicomm.parcelport import SCHEME, Listening, Parcelport
+from dask_lcicomm.link import Listening
+from dask_lcicomm.parcelport import SCHEME, Parcelport
 from dask_lcicomm.vconn import VirtualConnection
 
 logger = logging.getLogger(__name__)

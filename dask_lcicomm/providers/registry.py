@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from typing import Any
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions
+
+logger = logging.getLogger(__name__)
 
 BOOTSTRAP = "tcp"
 
@@ -145,6 +148,25 @@ def bootstrap_allowed(settings: Settings) -> bool:
     return BOOTSTRAP in settings.providers
 
 
-def offered(settings: Settings) -> list[Provider]:
-    """The providers a listener offers besides the bootstrap (all it can run)."""
-    return [get(name) for name in settings.providers if name != BOOTSTRAP]
+def offered(settings: Settings) -> tuple[list[Provider], dict[str, str]]:
+    """The providers a listener offers besides the bootstrap: all it can run;
+    and why each of the others cannot run in this process."""
+    usable, unusable = [], {}
+    for name in settings.providers:
+        if name == BOOTSTRAP:
+            continue
+        provider = get(name)
+        reason = provider.unavailable()
+        if reason is None:
+            usable.append(provider)
+        else:
+            _report_unavailable(name, reason)
+            unusable[name] = reason
+    return usable, unusable
+
+
+@functools.cache
+def _report_unavailable(name: str, reason: str) -> None:
+    """Logged once per process, not once per event loop: every parcelport of
+    a process sees the same reason."""
+    logger.warning("lci:// provider %s is unavailable: %s", name, reason)

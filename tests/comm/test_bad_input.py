@@ -17,7 +17,7 @@ import pytest
 from distributed.comm import CommClosedError, connect, listen
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.link import Greeting
+from dask_lcicomm.link_protocol import Greeting
 from dask_lcicomm.parcel import HEADER, MAGIC, VERSION, Kind, Limits, encode_connect, encode_hello
 
 HELLO = encode_hello(Greeting(0, "test", Limits(), {}).encode())

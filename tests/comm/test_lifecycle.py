@@ -24,7 +24,8 @@ from tornado.ioloop import IOLoop
 from ucx_support import needs_ucx
 
 from dask_lcicomm import parcelport as parcelport_module
-from dask_lcicomm.parcelport import LINGER, Parcelport
+from dask_lcicomm.link import LINGER
+from dask_lcicomm.parcelport import Parcelport
 from dask_lcicomm.providers import shm
 
 PROVIDERS = [

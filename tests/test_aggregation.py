@@ -1,4 +1,4 @@
-"""The parcelport: aggregation of the parcels written in one event-loop iteration."""
+"""Aggregation: the parcels written in one event-loop iteration leave together."""
 
 from __future__ import annotations
 
