@@ -180,6 +180,7 @@ OPTIONS: dict[str, Kind] = {
     "shm-ring-size": Integer(size=True),
     "shm-pool-size": Integer(least=0, size=True),
     "shm-pool-blocks": Integer(),
+    "shm-budget": Integer(least=0, size=True),
     "shm-poll-window": Duration(),
     "shm-release-after": Duration(),
     "ucx-options": UcxOptions(),
@@ -206,6 +207,7 @@ class Settings:
     shm_ring_size: int
     shm_pool_size: int
     shm_pool_blocks: int
+    shm_budget: int
     shm_poll_window: float
     shm_release_after: float
     #: (UCX name without the ``UCX_`` prefix, value) pairs, in name order.

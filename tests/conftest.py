@@ -43,6 +43,7 @@ class Endpoint:
             self.device = ShmDevice(
                 transport, options, device_kwargs.pop("poll_window", 0.0),
                 releaser(release_after) if release_after else None,
+                device_kwargs.pop("budget", None),
             )
         elif isinstance(transport, UcxTransport):
             self.device = ucx.UcxDevice(*transport, options, "lci://a:1", "lci://b:2")

@@ -29,8 +29,8 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
     assert settings.eager_threshold == 64 * 1024
     assert settings.providers == ("shm", "tcp")
-    shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks)
-    assert shm == (4 << 20, 256 << 20, 1024)
+    shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks, settings.shm_budget)
+    assert shm == (4 << 20, 256 << 20, 1024, 256 << 20)
     assert settings.ucx_options == (
         ("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"), ("TLS", "^posix,sysv"),
     )
@@ -58,6 +58,7 @@ def test_dask_config_overrides():
         ("SHM_RING_SIZE", "1MiB", "shm_ring_size", 1 << 20),
         ("SHM_POOL_SIZE", "10000", "shm_pool_size", 10000),
         ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
+        ("SHM_BUDGET", "1TiB", "shm_budget", 1 << 40),
         ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
         ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
         # Merged into the shipped options, by name.
@@ -91,6 +92,7 @@ def test_environment_variables_override(variable, value, field, expected):
         ("shm-ring-size", 0, "shm-ring-size"),
         ("shm-pool-size", -1, "shm-pool-size"),
         ("shm-pool-blocks", 0, "shm-pool-blocks"),
+        ("shm-budget", -1, "shm-budget"),
         ("shm-poll-window", "-1ms", "shm-poll-window"),
         ("ndevices", 0, "ndevices"),
         ("eager-threshold", -1, "eager-threshold"),

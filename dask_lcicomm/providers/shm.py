@@ -9,6 +9,9 @@ that memory to the deserializer as the frame itself (:mod:`.shm_pool`). The
 sender rings a doorbell, one byte on a Unix socket, only when the receiver
 sleeps; the same socket tells each side that the other is gone. A peer
 proves that it shares our host in the handshake (:mod:`.shm_handshake`).
+What the senders of a process lend and write counts against one budget
+(:mod:`.shm_budget`), and what they no longer use goes back to the OS
+(:mod:`.shm_release`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ except ImportError as e:
         " providers"
     ) from e
 
+from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
 from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
@@ -77,11 +81,13 @@ class ShmDevice(Device):
         options: DeviceOptions,
         poll_window: float = 0.0,
         releaser: MemoryReleaser | None = None,
+        budget: SharedMemoryBudget | None = None,
     ) -> None:
         super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
         self._fd = link.sock.fileno()
-        self._shared: _Shared | None = _Shared(link)
+        self._shared: _Shared | None = _Shared(link, budget)
+        self._budget = budget
         self._peer_gone = False
         self._poll_window = poll_window
         # Until when the receiving side polls the ring instead of sleeping.
@@ -105,9 +111,15 @@ class ShmDevice(Device):
         return super().put(vc, unit, token)
 
     def _sending(self) -> None:
-        """Written into the peer's segment: be watched until idle again."""
-        if not self.sent and self._releaser is not None:
-            self.sent = True
+        """Written into the peer's segment: the ring counts against the
+        budget, and is watched, until idle again."""
+        if self.sent:
+            return
+        self.sent = True
+        shared = self._shared
+        if self._budget is not None and shared is not None:
+            self._budget.charge(self, shared.tx_layout.ring_bytes)
+        if self._releaser is not None:
             self._releaser.watch(self)
 
     def release_idle_memory(self) -> bool:
@@ -131,6 +143,8 @@ class ShmDevice(Device):
                 self._releaser, self.sent = None, False
                 return True
             sent, self.sent = self.sent, False
+            if self._budget is not None:
+                self._budget.give(self)
             return not sent and shared.pool.settled
 
     def _place(self, parcel: OutgoingParcel) -> None:
@@ -261,7 +275,11 @@ class ShmDevice(Device):
         # lease holds its own region): a closed comm that somebody keeps
         # must not keep the shared memory with it.
         self._decoder.placement = None
-        self._shared = None
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.pool.close()
+        if self._budget is not None:
+            self._budget.give(self)
         self._sock.close()
         if self._releaser is not None:
             self._releaser.forget(self)
@@ -270,7 +288,7 @@ class ShmDevice(Device):
 class _Shared:
     """Everything of a device that lives in the two shared segments."""
 
-    def __init__(self, link: ShmLink) -> None:
+    def __init__(self, link: ShmLink, budget: SharedMemoryBudget | None) -> None:
         self.rx, self.rx_layout = link.rx, link.rx_layout
         self.tx, self.tx_layout = link.tx, link.tx_layout
         self.reader = RingReader(link.rx, link.rx_layout)
@@ -281,6 +299,7 @@ class _Shared:
             link.tx_layout.blocks,
             returned=lambda block: tx.load(flag(block)) == 1,
             claim=lambda block: tx.store(flag(block), 0),
+            budget=budget,
         )
 
 
@@ -306,7 +325,7 @@ class ShmProvider(Provider):
 
         async def handshake(conn: socket.socket) -> Device:
             link = await accept(conn, layout, timeout)
-            return ShmDevice(link, options, _poll_window(settings), _releaser(settings))
+            return _device(link, options, settings)
 
         close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
@@ -318,12 +337,14 @@ class ShmProvider(Provider):
             peer.offer, peer.pid, _layout(settings),
             peer.local_address, peer.peer_address, connect_timeout(),
         )
-        return ShmDevice(link, options, _poll_window(settings), _releaser(settings))
+        return _device(link, options, settings)
 
 
-def _releaser(settings: Settings) -> MemoryReleaser | None:
-    """The event loop's releaser, unless idle memory is kept."""
-    return releaser(settings.shm_release_after) if settings.shm_release_after else None
+def _device(link: ShmLink, options: DeviceOptions, settings: Settings) -> ShmDevice:
+    """A device as configured: the event loop's releaser unless idle memory
+    is kept, and the process's budget."""
+    release = releaser(settings.shm_release_after) if settings.shm_release_after else None
+    return ShmDevice(link, options, _poll_window(settings), release, budget(settings.shm_budget))
 
 
 def _layout(settings: Settings) -> Layout:

@@ -14,7 +14,8 @@ the next frame finds its pages: asked periodically,
 was last asked and were not handed out since, for the device to give back
 to the OS.
 
-The pool is bounded: when no block fits, :meth:`PoolAllocator.allocate`
+The pool is bounded, and so is what all the pools of a process lend
+together (:mod:`.shm_budget`): when no block fits, :meth:`PoolAllocator.allocate`
 returns None and the frames go through the ring instead, which always makes
 progress because the receiver empties it as it decodes, however long the
 deserialized objects live.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
 from dask_lcicomm.providers.shm_segment import round_up
 
 ALIGN = 4096
@@ -34,7 +36,8 @@ class PoolAllocator:
     """First-fit allocation of page-aligned blocks in ``[0, nbytes)``.
 
     ``returned(block)`` tells whether the receiver has freed ``block``;
-    ``claim(block)`` marks it in use before the sender writes it.
+    ``claim(block)`` marks it in use before the sender writes it. What is
+    lent counts against ``budget`` until it comes back or :meth:`close`.
     """
 
     def __init__(
@@ -43,10 +46,12 @@ class PoolAllocator:
         blocks: int,
         returned: Callable[[int], bool],
         claim: Callable[[int], None],
+        budget: SharedMemoryBudget | None = None,
     ) -> None:
         self.nbytes = nbytes
         self._returned = returned
         self._claim = claim
+        self._budget = budget
         self._free: list[tuple[int, int]] = [(0, nbytes)] if nbytes else []
         self._handles = list(range(blocks - 1, -1, -1))
         self._used: dict[int, tuple[int, int]] = {}
@@ -73,16 +78,28 @@ class PoolAllocator:
         found = self._find(size)
         if found is None or not self._handles:
             return None
+        block = self._handles[-1]
+        # Claimed before it is lent: the budget must not see the flag of the
+        # block's previous use.
+        self._claim(block)
+        budget = self._budget
+        if budget is not None and not budget.lend((self, block), size, lambda: self._returned(block)):
+            return None
+        self._handles.pop()
         index, (offset, length) = found
         if length == size:
             del self._free[index]
         else:
             self._free[index] = (offset + size, length - size)
-        block = self._handles.pop()
         self._used[block] = (offset, size)
         self._handed_out.append((offset, size))
-        self._claim(block)
         return block, offset
+
+    def close(self) -> None:
+        """The segment is no longer ours: what is lent leaves the budget."""
+        if self._budget is not None:
+            for block in self._used:
+                self._budget.give((self, block))
 
     @property
     def settled(self) -> bool:
@@ -112,6 +129,8 @@ class PoolAllocator:
 
     def _release(self, block: int) -> None:
         offset, size = self._used.pop(block)
+        if self._budget is not None:
+            self._budget.give((self, block))
         self._taken_back.append((offset, size))
         self._handles.append(block)
         free = self._free

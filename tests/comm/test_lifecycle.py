@@ -24,9 +24,10 @@ from tornado.ioloop import IOLoop
 from ucx_support import needs_ucx
 
 from dask_lcicomm import parcelport as parcelport_module
+from dask_lcicomm.config import Settings
 from dask_lcicomm.link import LINGER
 from dask_lcicomm.parcelport import Parcelport
-from dask_lcicomm.providers import shm
+from dask_lcicomm.providers import shm, shm_budget
 
 PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
@@ -45,7 +46,9 @@ def resources() -> dict[str, Any]:
     with open("/proc/self/maps") as f:
         maps = [line for line in f if "dask-lcicomm" in line or "ucx_shm_posix_" in line]
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
-    return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads}
+    lent = shm_budget.budget(Settings.from_config().shm_budget).held
+    return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads,
+            "shared memory lent": lent}
 
 
 def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
@@ -56,6 +59,7 @@ def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
         now["fds"] <= baseline["fds"]
         and now["segments mapped"] <= baseline["segments mapped"]
         and set(now["progress threads"]) <= set(baseline["progress threads"])
+        and now["shared memory lent"] <= baseline["shared memory lent"]
     )
 
 

@@ -17,6 +17,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
 from dask_lcicomm.providers.base import Device, DeviceLost
+from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
 from dask_lcicomm.providers.shm_segment import PAGE, TAIL
 
 MiB = 1 << 20
@@ -283,6 +284,54 @@ async def test_releasing_between_bursts_loses_nothing(endpoint_pair):
         await b.wait_for(lambda ev: len(_messages(ev)) == len(sent))
         got = [[bytes(f) for f in m.frames] for m in _messages(b.events)]
         assert got == sent
+
+
+@gen_test(timeout=60)
+async def test_devices_of_one_process_lend_within_one_budget(endpoint_pair):
+    """Two peers' worth of kept frames: once the budget is lent, large frames
+    travel through the ring into private memory, losing nothing; freed
+    blocks make room again, and closed devices leave nothing counted."""
+    budget = SharedMemoryBudget(4 * MiB)
+    ring, block = MiB, MiB + PAGE
+    with endpoint_pair("loop", provider="shm", pool=8 * MiB, budget=budget) as (a, b), \
+            endpoint_pair("loop", provider="shm", pool=8 * MiB, budget=budget) as (c, d):
+        payloads = [np.full(MiB + 1000, i, dtype=np.uint8) for i in range(4)]
+        a.send(1, _parcel(0, [payloads[0]]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert budget.held == ring + block  # a's ring, and a block in whole pages
+        c.send(1, _parcel(0, [payloads[1]]))
+        c.send(1, _parcel(1, [payloads[2]]))
+        await d.wait_for(lambda ev: len(_messages(ev)) == 2)
+        kept = [m.frames[0] for m in _messages(b.events) + _messages(d.events)]
+        assert [_lent(f) for f in kept] == [True, False, False]
+        assert budget.held == 2 * ring + block
+        for frame, payload in zip(kept, payloads, strict=False):
+            assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
+        # The block a lent is freed: c may lend, before a has collected it.
+        b.events.clear()
+        del kept, frame
+        gc.collect()
+        c.send(1, _parcel(2, [payloads[3]]))
+        await d.wait_for(lambda ev: len(_messages(ev)) == 3)
+        assert _lent(_messages(d.events)[2].frames[0])
+        assert np.array_equal(np.frombuffer(_messages(d.events)[2].frames[0], np.uint8), payloads[3])
+        held = _messages(d.events)[2].frames[0]
+    assert budget.held == 0
+    assert np.frombuffer(held, np.uint8)[0] == 3  # the lent frame outlives its device
+
+
+@gen_test(timeout=60)
+async def test_a_ring_is_charged_while_it_sends_and_given_back_when_idle(endpoint_pair):
+    budget = SharedMemoryBudget(64 * MiB)
+    with endpoint_pair("loop", provider="shm", pool=8 * MiB, budget=budget, release_after=0.05) as (a, b):
+        a.send(1, _parcel(0, [b"small"]))
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert budget.held == MiB
+        assert await _eventually(lambda: budget.held == 0)
+        a.send(1, _parcel(1, [b"again"]))
+        assert budget.held == MiB
+        await b.wait_for(lambda ev: len(_messages(ev)) == 2)
+    assert budget.held == 0
 
 
 @pytest.mark.parametrize("block, offset", [(64, 0), (0, 100), (0, 8 * MiB)])

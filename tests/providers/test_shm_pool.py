@@ -7,6 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 
 
@@ -159,3 +160,30 @@ def test_idle_free_keeps_what_is_reused():
     # the half handed out within the period stays, the other half goes
     assert allocator.idle_free() == [(2 * ALIGN, 2 * ALIGN)]
     assert allocator.idle_free() == [(0, 2 * ALIGN)]  # then idle for a whole one
+
+
+def test_what_the_budget_refuses_is_not_allocated_and_what_comes_back_returns_to_it():
+    budget = SharedMemoryBudget(3 * ALIGN)
+    receiver = Receiver()
+    allocator = PoolAllocator(16 * ALIGN, 16, receiver.returned, receiver.claim, budget)
+    first = allocator.allocate(2 * ALIGN)
+    assert first is not None and budget.held == 2 * ALIGN
+    assert allocator.allocate(2 * ALIGN) is None
+    assert allocator.in_use == 1
+    second = allocator.allocate(ALIGN)
+    assert second is not None and second[1] == 2 * ALIGN
+    receiver.free(first[0])
+    third = allocator.allocate(2 * ALIGN)
+    assert third is not None and third[1] == 0 and budget.held == 3 * ALIGN
+    allocator.close()
+    assert budget.held == 0
+
+
+def test_pools_of_one_process_share_the_budget():
+    budget = SharedMemoryBudget(4 * ALIGN)
+    receivers = [Receiver() for _ in range(3)]
+    pools = [PoolAllocator(8 * ALIGN, 8, r.returned, r.claim, budget) for r in receivers]
+    assert pools[0].allocate(3 * ALIGN) is not None
+    assert pools[1].allocate(2 * ALIGN) is None
+    assert pools[2].allocate(ALIGN) is not None
+    assert budget.held == 4 * ALIGN
