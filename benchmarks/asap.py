@@ -1,5 +1,7 @@
 """``python -m benchmarks asap``: ASAP against BSP all-reduce, ring all-reduce
-and plain async, training logistic regression on Dask workers.
+and plain async, training a model on Dask workers: L2-regularised logistic
+regression (``--model logreg``, convex) or a multi-layer perceptron
+(``--model mlp``, not convex).
 
 Each worker runs on a simulated host with its egress rate-limited (see
 :mod:`benchmarks._asap_testbed`; loopback without root) and computes each
@@ -8,9 +10,17 @@ per round computes ``--slow-factor`` times slower, in the ``straggler`` case
 rank 0 always does. Every mode runs the same number of rounds from the same
 start on the same cluster, models travel worker to worker over ``--scheme``.
 
-The target loss is ``f* + target_rel * (f(0) - f*)``, ``f*`` from a
-centralised solver. ``--json OUT`` writes the transient case's records to
-OUT and the straggler case's to ``OUT-straggler.json`` beside it.
+The target loss is ``f_ref + target_rel * (f(0) - f_ref)``, fixed before any
+run: ``f_ref`` is the optimum ``f*`` from a centralised solver for logreg,
+and the loss of a reference trained centrally on large batches for mlp.
+``--json OUT`` writes the transient case's records to OUT and the straggler
+case's to ``OUT-straggler.json`` beside it.
+
+``--degrees 1,2,3,4`` runs asap alone once per degree budget instead (each on
+the graph with the best spectral gap under it) and reports, per budget, the
+graph's spectral gap and diameter and the rounds, time and bytes to target,
+in one table and one figure (``asap-degrees.png``); a budget whose graph does
+not reach the target within its rounds and time limit says so.
 """
 
 from __future__ import annotations
@@ -30,28 +40,35 @@ from distributed import Client
 
 from benchmarks._asap_testbed import testbed
 from dask_lcicomm.asap.client import train
-from dask_lcicomm.asap.graphs import choose_graph
+from dask_lcicomm.asap.graphs import Graph, choose_graph
+from dask_lcicomm.asap.mlp import MLP
 from dask_lcicomm.asap.modes import MODES
 from dask_lcicomm.asap.pacing import Pacing
 from dask_lcicomm.asap.report import RunReport
 from dask_lcicomm.asap.synthetic import SparseLogReg
 
 CASES = ("transient", "straggler")
-KEYS = ("mode", "graph", "workers", "reached_target", "time_to_target_s", "rounds_to_target",
-        "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap", "spectral_gap")
+MODELS = {"logreg": "logistic regression", "mlp": "multi-layer perceptron"}
+#: The target's distance from f_ref, as a share of f(0) - f_ref, unless given.
+TARGET_REL = {"logreg": 0.15, "mlp": 0.25}
+KEYS = ("model", "mode", "graph", "degree_budget", "workers", "reached_target", "time_to_target_s",
+        "rounds_to_target", "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap",
+        "spectral_gap", "diameter")
 
 
 @dataclass
 class CaseResult:
     case: str
     reports: list[RunReport]
+    #: With ``--degrees``: the degree budget of each report (all asap).
+    degrees: list[int] | None = None
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks asap",
         description="ASAP (stochastic reduce + NOTIFY-ACK) against BSP all-to-all averaging, ring "
-        "all-reduce and plain async, training logistic regression on Dask workers that each run "
+        "all-reduce and plain async, training a model on Dask workers that each run "
         "on a simulated host with limited bandwidth (loopback without root).")
     p.add_argument("--quick", action="store_true",
                    help="fewer rounds: the whole run in about 6-7 minutes on 2 cores")
@@ -65,16 +82,21 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--cases", type=lambda s: s.split(","), default=list(CASES),
                    help="transient: a random worker slow each round; straggler: rank 0 always slow")
+    p.add_argument("--model", choices=list(MODELS), default="logreg",
+                   help="logreg (convex) or mlp (one hidden layer, not convex)")
     p.add_argument("--degree", type=int, default=2, help="degree budget of the sparse graph")
+    p.add_argument("--degrees", type=lambda s: [int(d) for d in s.split(",")],
+                   help="run asap once per degree budget (e.g. 1,2,3,4) instead of the modes")
     p.add_argument("--rounds", type=int, help="rounds per mode (default 400, quick 220)")
     p.add_argument("--straggler-rounds", type=int, help="rounds per mode, straggler case "
                    "(default 300, quick 170)")
     p.add_argument("--time-limit", type=float, default=150.0, help="seconds per mode at most")
     p.add_argument("--compute-ms", type=float, default=20.0, help="emulated duration of a local step")
     p.add_argument("--slow-factor", type=float, default=4.0, help="how much slower a slow step is")
-    p.add_argument("--target-rel", type=float, default=0.15,
-                   help="target loss f* + this * (f(0) - f*) (default: 0.15)")
-    p.add_argument("--features", type=int, default=32768, help="model size (float64 values)")
+    p.add_argument("--target-rel", type=float,
+                   help="target loss f_ref + this * (f(0) - f_ref) (default: logreg 0.15, mlp 0.25)")
+    p.add_argument("--features", type=int, default=32768, help="logreg model size (float64 values)")
+    p.add_argument("--hidden", type=int, default=1024, help="mlp hidden units")
     p.add_argument("--samples", type=int, default=4096, help="training samples per worker")
     p.add_argument("--record-every", type=int, help="rounds between loss points (default 1, quick 2)")
     p.add_argument("--seed", type=int, default=0, help="of the data, SGD batches and slowdowns")
@@ -87,17 +109,20 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def record(report: RunReport, target: float) -> dict[str, Any]:
+def record(report: RunReport, target: float, model: str = "logreg",
+           degree_budget: int | None = None) -> dict[str, Any]:
     """One run as the JSON record (exactly :data:`KEYS`)."""
     hit = report.first_below(target)
     return {
-        "mode": report.mode, "graph": report.graph, "workers": len(report.workers),
+        "model": model, "mode": report.mode, "graph": report.graph, "degree_budget": degree_budget,
+        "workers": len(report.workers),
         "reached_target": hit is not None,
         "time_to_target_s": None if hit is None else round(hit.t, 3),
         "rounds_to_target": None if hit is None else round(hit.rounds, 1),
         "bytes_to_target": None if hit is None else hit.bytes,
         "final_loss": report.final_loss, "final_accuracy": report.final_accuracy,
         "max_iteration_gap": report.max_iteration_gap(), "spectral_gap": round(report.spectral_gap, 4),
+        "diameter": report.diameter if report.diameter != float("inf") else None,
     }
 
 
@@ -119,6 +144,26 @@ def format_table(case: CaseResult, target: float) -> str:
             f"| {fmt(mb, ',.0f')} | {r['final_loss']:.4f} | {r['final_accuracy']:.3f} "
             f"| {r['max_iteration_gap']} ({report.diameter:g}) | {r['spectral_gap']:.3f} "
             f"| {report.wait_s:.1f} | {report.bytes_sent / 1e6:,.0f} |")
+    return "\n".join(lines)
+
+
+def format_degrees(case: CaseResult, target: float) -> str:
+    """asap per degree budget: the graph's mixing against rounds and bytes to target."""
+    assert case.degrees is not None
+    head = ("| degree budget | graph | spectral gap | diameter | reached | rounds to target "
+            "| time to target [s] | MB to target | final loss | max gap |")
+    lines = [f"{case.case} case, asap per degree budget (target loss {target:.4f}):", "", head,
+             "|" + "---|" * head.count(" | ") + "---|"]
+    for degree, report in zip(case.degrees, case.reports, strict=True):
+        r = record(report, target)
+        reached = r["reached_target"]
+        lines.append(
+            f"| {degree} | {r['graph']} | {r['spectral_gap']:.4f} | {report.diameter:g} "
+            f"| {'yes' if reached else 'not reached'} "
+            f"| {r['rounds_to_target'] if reached else '-'} "
+            f"| {r['time_to_target_s'] if reached else '-'} "
+            f"| {format(r['bytes_to_target'] / 1e6, ',.0f') if reached else '-'} "
+            f"| {r['final_loss']:.4f} | {r['max_iteration_gap']} |")
     return "\n".join(lines)
 
 
@@ -172,20 +217,37 @@ def _case_pacing(case: str, args: argparse.Namespace) -> Pacing:
     return Pacing(args.compute_ms / 1e3, args.slow_factor, straggler=0, seed=args.seed)
 
 
+def _problem(args: argparse.Namespace) -> SparseLogReg | MLP:
+    if args.model == "mlp":
+        return MLP(hidden=args.hidden, nworkers=args.workers, samples_per_worker=args.samples,
+                   seed=args.seed)
+    return SparseLogReg(n_features=args.features, nworkers=args.workers,
+                        samples_per_worker=args.samples, seed=args.seed)
+
+
+def _runs(args: argparse.Namespace) -> list[tuple[str, Graph]]:
+    """(mode, sparse graph) of each run of a case."""
+    if args.degrees:
+        graphs = [choose_graph(args.workers, degree) for degree in args.degrees]
+        return [("asap", graph) for graph in graphs]
+    return [(mode, choose_graph(args.workers, args.degree)) for mode in args.modes]
+
+
 def run(args: argparse.Namespace) -> tuple[list[CaseResult], float, float, str]:
     rounds = args.rounds or (220 if args.quick else 400)
     straggler_rounds = args.straggler_rounds or (170 if args.quick else 300)
-    problem = SparseLogReg(n_features=args.features, nworkers=args.workers,
-                           samples_per_worker=args.samples, seed=args.seed)
+    problem = _problem(args)
     t0 = time.monotonic()
-    _, f_star = problem.solve()
+    _, f_ref = problem.solve()
     f_zero = problem.loss(problem.init_model())
-    target = f_star + args.target_rel * (f_zero - f_star)
-    _progress(f"f* = {f_star:.5f} (centralised solver, {time.monotonic() - t0:.1f} s), "
+    target_rel = args.target_rel if args.target_rel is not None else TARGET_REL[args.model]
+    target = f_ref + target_rel * (f_zero - f_ref)
+    _progress(f"f_ref = {f_ref:.5f} (centralised, {time.monotonic() - t0:.1f} s), "
               f"f(0) = {f_zero:.5f}, target {target:.5f}")
-    graph = choose_graph(args.workers, args.degree)
-    _progress(f"sparse graph {graph.name}: spectral gap {graph.spectral_gap:.3f}, "
-              f"diameter {graph.diameter:g}")
+    runs = _runs(args)
+    for graph in dict.fromkeys(graph for _, graph in runs):
+        _progress(f"sparse graph {graph.name}: spectral gap {graph.spectral_gap:.3f}, "
+                  f"diameter {graph.diameter:g}")
     results = []
     with tempfile.TemporaryDirectory(prefix="asap-testbed-") as logdir, \
             testbed(args.workers, args.scheme, args.rate, Path(logdir), args.loopback) as bed, \
@@ -193,9 +255,9 @@ def run(args: argparse.Namespace) -> tuple[list[CaseResult], float, float, str]:
         _progress(f"testbed: {bed.kind}; scheduler {bed.scheduler}")
         for case in args.cases:
             reports = []
-            for mode in args.modes:
+            for mode, graph in runs:
                 n_rounds = rounds if case == "transient" else straggler_rounds
-                _progress(f"[{case}] {mode}: {n_rounds} rounds ...")
+                _progress(f"[{case}] {mode} on {graph.name}: {n_rounds} rounds ...")
                 report = train(client, problem, mode=mode, graph=graph, rounds=n_rounds,
                                time_limit_s=args.time_limit, pacing=_case_pacing(case, args),
                                record_every=args.record_every or (2 if args.quick else 1),
@@ -203,8 +265,8 @@ def run(args: argparse.Namespace) -> tuple[list[CaseResult], float, float, str]:
                 _progress(f"[{case}] {mode}: {max(w.elapsed_s for w in report.workers):.1f} s, "
                           f"final loss {report.final_loss:.5f}")
                 reports.append(report)
-            results.append(CaseResult(case, reports))
-    return results, f_star, target, bed.kind
+            results.append(CaseResult(case, reports, args.degrees))
+    return results, f_ref, target, bed.kind
 
 
 def _json_path(out: Path, case: str) -> Path:
@@ -219,26 +281,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     started = time.monotonic()
     try:
-        results, f_star, target, kind = run(args)
+        results, f_ref, target, kind = run(args)
     except KeyboardInterrupt:
         _progress("interrupted; the testbed's processes and namespaces were removed")
         return 130
-    print(f"testbed: {kind}; scheme {args.scheme}; {args.workers} workers; step {args.compute_ms:g} ms, "
-          f"slow x{args.slow_factor:g}; f* = {f_star:.5f}\n")
+    print(f"testbed: {kind}; scheme {args.scheme}; {args.workers} workers; model {args.model}; "
+          f"step {args.compute_ms:g} ms, slow x{args.slow_factor:g}; f_ref = {f_ref:.5f}\n")
     for case in results:
-        print(format_table(case, target))
-        print("\nTargets:\n" + "\n".join(f"- {line}" for line in targets(case, target)) + "\n")
+        if case.degrees:
+            print(format_degrees(case, target) + "\n")
+            records = [record(r, target, args.model, degree)
+                       for r, degree in zip(case.reports, case.degrees, strict=True)]
+        else:
+            print(format_table(case, target))
+            print("\nTargets:\n" + "\n".join(f"- {line}" for line in targets(case, target)) + "\n")
+            records = [record(r, target, args.model) for r in case.reports]
         if args.json:
             path = _json_path(args.json, case.case)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps([record(r, target) for r in case.reports], indent=2) + "\n")
+            path.write_text(json.dumps(records, indent=2) + "\n")
             _progress(f"wrote {path}")
         if args.plot:
-            from benchmarks._asap_plots import plot_case
+            from benchmarks._asap_plots import plot_case, plot_degrees
 
-            title = (f"a random worker x{args.slow_factor:g} slower each round" if case.case == "transient"
-                     else f"rank 0 always x{args.slow_factor:g} slower")
-            for path in plot_case(case.case, title, case.reports, f_star, target, args.plot):
+            if case.degrees:
+                paths = [plot_degrees(case.case, records, args.workers, MODELS[args.model], args.plot)]
+            else:
+                title = (f"a random worker x{args.slow_factor:g} slower each round"
+                         if case.case == "transient" else f"rank 0 always x{args.slow_factor:g} slower")
+                offset = f_ref if args.model == "logreg" else 0.0
+                paths = plot_case(case.case, f"{MODELS[args.model]}, {args.workers} workers: {title}",
+                                  case.reports, offset, target, args.plot)
+            for path in paths:
                 _progress(f"wrote {path}")
     _progress(f"asap benchmark took {time.monotonic() - started:.0f} s")
     return 0

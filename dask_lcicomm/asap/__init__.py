@@ -25,6 +25,7 @@ from dask_lcicomm.asap.graphs import (
     random_regular,
     ring,
 )
+from dask_lcicomm.asap.mlp import MLP
 from dask_lcicomm.asap.modes import MODES
 from dask_lcicomm.asap.pacing import Pacing
 from dask_lcicomm.asap.report import RunReport, WorkerReport
@@ -33,7 +34,7 @@ from dask_lcicomm.asap.synthetic import SparseLogReg
 from dask_lcicomm.asap.task import Task
 
 __all__ = [
-    "MODES", "Graph", "Pacing", "RunReport", "SparseLogReg", "Task", "WorkerReport",
+    "MLP", "MODES", "Graph", "Pacing", "RunReport", "SparseLogReg", "Task", "WorkerReport",
     "all_to_all", "choose_graph", "circulant", "exponential", "halton", "random_regular", "ring",
     "simulate", "train",
 ]

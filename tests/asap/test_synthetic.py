@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _gradients import assert_gradient_matches
 
 from dask_lcicomm.asap.synthetic import SparseLogReg
 
@@ -24,15 +25,8 @@ def test_model_message_is_hundreds_of_kb_by_default():
 
 
 def test_gradient_matches_finite_differences():
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=SMALL.n_features) * 0.1
-    rows = SMALL.shard(0)
-    grad = SMALL.gradient(w, rows)
-    for k in rng.choice(SMALL.n_features, 5, replace=False):
-        e = np.zeros_like(w)
-        e[k] = 1e-6
-        numeric = (SMALL.objective(w + e, rows) - SMALL.objective(w - e, rows)) / 2e-6
-        assert grad[k] == pytest.approx(numeric, rel=1e-4, abs=1e-9)
+    w = np.random.default_rng(0).normal(size=SMALL.n_features) * 0.1
+    assert_gradient_matches(SMALL, w, SMALL.shard(0), coordinates=5)
 
 
 def test_solver_reaches_a_stationary_point_below_sgd():

@@ -16,8 +16,9 @@ from benchmarks._asap_testbed import testbed as asap_testbed
 from dask_lcicomm.testing.netns import gateway_address, unavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KEYS = {"mode", "graph", "workers", "reached_target", "time_to_target_s", "rounds_to_target",
-        "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap", "spectral_gap"}
+KEYS = {"model", "mode", "graph", "degree_budget", "workers", "reached_target", "time_to_target_s",
+        "rounds_to_target", "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap",
+        "spectral_gap", "diameter"}
 
 
 def test_quick_asap_benchmark_writes_records_and_plots(tmp_path):
@@ -49,6 +50,31 @@ def test_quick_asap_benchmark_writes_records_and_plots(tmp_path):
         for axis in ("time", "bytes"):
             png = tmp_path / f"asap-{case}-loss-{axis}.png"
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_asap_per_degree_budget_on_the_mlp(tmp_path):
+    """One asap run per degree budget, each on its own graph, in one table,
+    one record each and one figure; a budget that misses the target says so."""
+    out = tmp_path / "degrees.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "asap", "--loopback", "--workers", "5",
+         "--model", "mlp", "--hidden", "32", "--samples", "256", "--degrees", "1,2,4",
+         "--cases", "transient", "--rounds", "12", "--compute-ms", "2", "--target-rel", "0.9",
+         "--start-delay", "0.5", "--json", str(out), "--plot", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "asap per degree budget" in proc.stdout and "model mlp" in proc.stdout
+    records = json.loads(out.read_text())
+    assert [(r["mode"], r["degree_budget"], r["model"]) for r in records] == [
+        ("asap", 1, "mlp"), ("asap", 2, "mlp"), ("asap", 4, "mlp")]
+    gaps = [r["spectral_gap"] for r in records]
+    assert gaps[0] < gaps[1] < gaps[2] == 1.0  # degree 4 of 5 workers: all-to-all
+    assert records[2]["diameter"] == 1
+    for r in records:
+        assert set(r) == KEYS and r["reached_target"] == (r["rounds_to_target"] is not None)
+    assert ("not reached" in proc.stdout) == (not all(r["reached_target"] for r in records))
+    assert (tmp_path / "asap-degrees.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
