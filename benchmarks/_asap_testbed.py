@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,8 @@ class Testbed:
     scheduler: str  # the scheduler's address
     kind: str  # what the workers run on, for the report
     workers: int
+    #: Bytes resident in the testbed's processes now (scheduler and workers).
+    rss: Callable[[], int]
 
 
 def _python_module(module: str, args: list[str]) -> list[str]:
@@ -60,6 +62,17 @@ class _Processes:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             )
         self.started.append((name, proc))
+
+    def rss(self) -> int:
+        import psutil
+
+        total = 0
+        for _, proc in self.started:
+            try:
+                total += psutil.Process(proc.pid).memory_info().rss
+            except psutil.Error:
+                pass
+        return total
 
     def check(self) -> None:
         for name, proc in self.started:
@@ -142,4 +155,4 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
         with Client(address, timeout=STARTUP_S) as client:
             client.wait_for_workers(nworkers, timeout=STARTUP_S)
         procs.check()
-        yield Testbed(address, kind, nworkers)
+        yield Testbed(address, kind, nworkers, procs.rss)

@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> tuple[list[CaseResult], float, float, str]:
                                record_every=args.record_every or (2 if args.quick else 1),
                                start_delay_s=args.start_delay)
                 _progress(f"[{case}] {mode}: {max(w.elapsed_s for w in report.workers):.1f} s, "
-                          f"final loss {report.final_loss:.5f}")
+                          f"final loss {report.final_loss:.5f}; testbed RSS {bed.rss() / 2**20:,.0f} MiB")
                 reports.append(report)
             results.append(CaseResult(case, reports, args.degrees))
     return results, f_ref, target, bed.kind

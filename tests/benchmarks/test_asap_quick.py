@@ -5,6 +5,7 @@ timings."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ def test_quick_asap_benchmark_writes_records_and_plots(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loopback" in proc.stdout and "Targets:" in proc.stdout
+    assert re.search(r"testbed RSS [1-9][\d,]* MiB", proc.stderr)
     for path, rounds in ((out, 15), (tmp_path / "asap-straggler.json", 8)):
         records = json.loads(path.read_text())
         assert [r["mode"] for r in records] == ["bsp", "bsp-ring", "async", "asap"]
