@@ -18,7 +18,7 @@ from dask_lcicomm.asap.graphs import Graph, choose_graph
 from dask_lcicomm.asap.modes import check_mode, effective_spectral_gap, mode_graph
 from dask_lcicomm.asap.pacing import Pacing
 from dask_lcicomm.asap.report import RunReport, WorkerReport
-from dask_lcicomm.asap.runtime import RunSpec, abort, install, train_task, uninstall
+from dask_lcicomm.asap.runtime import RunSpec, abort, install, open_links, train_task, uninstall
 from dask_lcicomm.asap.task import Task
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def train(
     logger.info("run %s: mode %s on %s, %d workers", spec.run, mode, exchanged_on.name, len(addresses))
     client.run(install, spec, workers=list(addresses))
     try:
+        client.run(open_links, spec.run, workers=list(addresses))
         start_at = time.time() + start_delay_s
         futures = [client.submit(train_task, spec.run, start_at, workers=[address], pure=False,
                                  allow_other_workers=False, key=f"{spec.run}-{rank}")

@@ -43,6 +43,8 @@ class _Link:
         self.outbox: deque[Send] = deque()
         self.ready = asyncio.Event()
         self.comm: Comm | None = None
+        #: Set once the comm is open, or opening it failed.
+        self.settled = asyncio.Event()
         self.task = asyncio.ensure_future(self._drain())
 
     def put(self, send: Send) -> None:
@@ -58,6 +60,7 @@ class _Link:
             self.comm = await connect(self.address, timeout=self.owner.connect_timeout,
                                       **self.owner.connection_args)
             self.comm.name = "asap"
+            self.settled.set()
             while True:
                 while not self.outbox:
                     self.ready.clear()
@@ -70,6 +73,8 @@ class _Link:
             raise
         except Exception as exc:  # reported to the training loop, which stops
             self.owner.fail(f"link to {self.address}: {exc!r}")
+        finally:
+            self.settled.set()
 
     async def close(self) -> None:
         self.task.cancel()
@@ -79,7 +84,8 @@ class _Link:
 
 
 class PeerLinks:
-    """The links of one worker in one run, opened on first use.
+    """The links of one worker in one run, opened ahead (:meth:`open`) or on
+    first use.
 
     Must be created and used on the worker's event loop."""
 
@@ -102,11 +108,20 @@ class PeerLinks:
         self.errors.append(reason)
         self.failed.set()
 
-    def send(self, send: Send) -> None:
-        link = self._links.get(send.dst)
+    def _link(self, dst: int) -> _Link:
+        link = self._links.get(dst)
         if link is None:
-            link = self._links[send.dst] = _Link(self, self.addresses[send.dst])
-        link.put(send)
+            link = self._links[dst] = _Link(self, self.addresses[dst])
+        return link
+
+    async def open(self, dsts: Sequence[int]) -> None:
+        """Open the links to ``dsts`` now, concurrently, before traffic
+        competes with their handshakes; a failure is recorded as any other."""
+        links = [self._link(dst) for dst in dsts]
+        await asyncio.gather(*(link.settled.wait() for link in links))
+
+    def send(self, send: Send) -> None:
+        self._link(send.dst).put(send)
 
     async def close(self) -> None:
         await asyncio.gather(*(link.close() for link in self._links.values()))

@@ -2,7 +2,8 @@
 local steps, the mode's exchange runs on the worker's event loop.
 
 The client installs a :class:`WorkerRun` on every worker (``client.run``),
-which registers the handler that receives the peers' messages; then a task
+which registers the handler that receives the peers' messages, and has it
+open its links to its peers (:func:`open_links`); then a task
 pinned to each worker (:func:`train_task`) steps the model in the task
 thread and hands each stepped model to the event loop, where the exchange
 state machine decides what to send and when the round's reduce is done.
@@ -184,6 +185,19 @@ def install(spec: RunSpec, dask_worker: Any) -> int:
     spec.task.setup(rank, len(spec.addresses))
     _RUNS[(spec.run, dask_worker.address)] = WorkerRun(spec, rank, dask_worker.connection_args)
     return rank
+
+
+async def open_links(run: str, dask_worker: Any) -> None:
+    """``client.run`` target: open this worker's links to the peers it will
+    exchange with (out- and in-neighbours: acknowledgements go back), before
+    the clock starts. On a rate-limited network, handshakes that compete
+    with the first round's models for the egress queue can time out (32
+    hosts all-to-all: 992 at once behind 11 MB per host)."""
+    target = _RUNS[(run, dask_worker.address)]
+    graph, rank = target.spec.graph, target.rank
+    await target.links.open(sorted(set(graph.out[rank]) | set(graph.inn[rank])))
+    if target.links.failed.is_set():
+        raise RuntimeError("; ".join(target.links.errors))
 
 
 def abort(run: str, dask_worker: Any) -> None:

@@ -63,3 +63,36 @@ def test_unreachable_peer_is_reported():
 
     links = asyncio.run(main())
     assert links.errors and "tcp://127.0.0.1:1" in links.errors[0]
+
+
+def test_links_opened_ahead_are_open_before_anything_is_sent_and_a_failure_is_recorded():
+    async def main():
+        opened: list[object] = []
+
+        async def handle(comm):
+            opened.append(comm)
+            try:
+                await comm.read()
+            except Exception:
+                pass
+
+        listener = listen("lci://127.0.0.1:0", handle)
+        await listener.start()
+        links = PeerLinks("run-3", 0, [listener.contact_address, listener.contact_address,
+                                       "tcp://127.0.0.1:1"], {}, connect_timeout=1.0)
+        try:
+            await asyncio.wait_for(links.open([0, 1]), 10)
+            for _ in range(100):
+                if len(opened) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            open_before_sending = (len(opened), links.messages_sent, list(links.errors))
+            await asyncio.wait_for(links.open([2]), 30)
+        finally:
+            await links.close()
+            listener.stop()
+        return open_before_sending, links
+
+    (comms, sent, errors), links = asyncio.run(main())
+    assert (comms, sent, errors) == (2, 0, [])
+    assert links.failed.is_set() and "tcp://127.0.0.1:1" in links.errors[0]
