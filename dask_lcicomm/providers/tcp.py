@@ -22,7 +22,13 @@ from dask.utils import parse_timedelta
 from distributed.comm.addressing import unparse_host_port
 
 from dask_lcicomm.config import Settings
-from dask_lcicomm.providers.base import Device, DeviceOptions, shut_socket, watch_accepts
+from dask_lcicomm.providers.base import (
+    Device,
+    DeviceOptions,
+    connect_timeout,
+    shut_socket,
+    watch_accepts,
+)
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider
 from dask_lcicomm.providers.send_queue import IOV_MAX
 
@@ -45,24 +51,47 @@ def configure_socket(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, timeout * 1000)
 
 
-async def open_connection(host: str, port: int) -> socket.socket:
-    """Connect a non-blocking TCP socket to ``host:port``."""
+#: Seconds the first attempt to connect waits before a fresh socket tries
+#: again; each further attempt waits twice as long.
+FIRST_ATTEMPT_S = 1.0
+
+
+async def open_connection(host: str, port: int, timeout: float | None = None) -> socket.socket:
+    """Connect a non-blocking TCP socket to ``host:port`` within ``timeout``
+    (Dask's connect timeout by default).
+
+    An attempt that gets no answer is abandoned for a fresh socket after 1,
+    then 2, 4, ... seconds, as Dask's own connect retries ``tcp://``: 32
+    simulated hosts opening their 992 all-to-all connections at once saw
+    some SYNs go unanswered on one socket until the kernel gave up (127 s)
+    while a fresh socket connected at once. A refusal ends the attempts."""
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + (connect_timeout() if timeout is None else timeout)
     error: OSError | None = None
     for family, type_, proto, _, address in await _resolve(loop, host, port):
-        sock = socket.socket(family, type_, proto)
-        try:
-            sock.setblocking(False)
-            await loop.sock_connect(sock, address)
-        except OSError as e:
-            sock.close()
-            error = e
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        configure_socket(sock)
-        return sock
+        patience = FIRST_ATTEMPT_S
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                await asyncio.wait_for(loop.sock_connect(sock, address), min(patience, remaining))
+            except asyncio.TimeoutError:
+                sock.close()
+                error = TimeoutError(f"no answer from {host}:{port} within {patience:g} s")
+                patience *= 2
+                continue
+            except OSError as e:
+                sock.close()
+                error = e
+                break
+            except BaseException:
+                sock.close()
+                raise
+            configure_socket(sock)
+            return sock
     raise error or OSError(f"cannot resolve {host!r}")
 
 

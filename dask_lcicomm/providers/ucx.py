@@ -664,7 +664,7 @@ async def connect(peer: PeerOffer, options: DeviceOptions, timeout: float) -> Uc
     if ":" in host:
         raise ProviderUnavailable("ucxx's UCX listeners accept IPv4 only")
     try:
-        sock = await asyncio.wait_for(open_connection(host, peer.offer), timeout)
+        sock = await open_connection(host, peer.offer, timeout)
     except (OSError, asyncio.TimeoutError) as e:
         raise ProviderUnavailable(f"cannot reach the UCX setup socket: {e!r}") from e
     try:
