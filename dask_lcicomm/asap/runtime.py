@@ -190,9 +190,9 @@ def install(spec: RunSpec, dask_worker: Any) -> int:
 async def open_links(run: str, dask_worker: Any) -> None:
     """``client.run`` target: open this worker's links to the peers it will
     exchange with (out- and in-neighbours: acknowledgements go back), before
-    the clock starts. On a rate-limited network, handshakes that compete
-    with the first round's models for the egress queue can time out (32
-    hosts all-to-all: 992 at once behind 11 MB per host)."""
+    the clock starts, so that connection setup is not counted as training
+    and its handshakes do not compete with the first round's models for the
+    egress queues of a rate-limited network."""
     target = _RUNS[(run, dask_worker.address)]
     graph, rank = target.spec.graph, target.rank
     await target.links.open(sorted(set(graph.out[rank]) | set(graph.inn[rank])))
