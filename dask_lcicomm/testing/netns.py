@@ -8,6 +8,13 @@ tmpfs that every process of the host mounts over ``/dev/shm`` in a private
 mount namespace), as separate machines would. Everything
 :func:`virtual_hosts` creates it removes again, also when the body fails.
 Needs root and ``ip`` (iproute2); private ``/dev/shm`` also ``unshare``.
+
+The kernel's ARP table is one for all namespaces, and its default bound
+(``gc_thresh3``: 1,024 entries) is less than the n * (n - 1) entries of n
+hosts that all talk to each other once n reaches 32: beyond it the kernel
+logs "neighbor table overflow" and drops packets, SYNs included. So
+:func:`virtual_hosts` raises the bounds for as many hosts as it makes, and
+puts the previous values back when it removes them.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _PREFIX = "lci"
+_NEIGHBOUR_BOUNDS = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ def virtual_hosts(
     addresses = addresses[:n]
     bridge = f"{_PREFIX}br{tag}"
     with ExitStack() as cleanup:
+        _make_neighbour_room(n * (n + 1), cleanup)
         _ip("link", "add", bridge, "type", "bridge")
         cleanup.callback(_ip, "link", "delete", bridge)
         _ip("addr", "add", f"{gateway}/{network.prefixlen}", "dev", bridge)
@@ -117,6 +126,34 @@ def virtual_hosts(
             shm = _private_shm(cleanup) if private_shm else None
             hosts.append(Host(name, str(address), shm, inside))
         yield hosts
+
+
+def _make_neighbour_room(entries: int, cleanup: ExitStack) -> None:
+    """Let the ARP table hold ``entries`` more than it may now (soft and
+    hard bounds, ``gc_thresh2`` and ``gc_thresh3``). On cleanup a bound
+    returns to its value before, unless somebody changed it meanwhile (a
+    testbed of another process, say): theirs stands."""
+    for level in (2, 3):
+        path = _NEIGHBOUR_BOUNDS.format(level)
+        before = _read(path)
+        raised = str(int(before) + entries * (level - 1))
+        _write(path, raised)
+        cleanup.callback(_restore, path, raised, before)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _restore(path: str, raised: str, before: str) -> None:
+    if _read(path) == raised:
+        _write(path, before)
 
 
 def gateway_address(subnet: str = "10.213.0.0/24") -> str:
