@@ -61,10 +61,10 @@ async def open_connection(host: str, port: int, timeout: float | None = None) ->
     (Dask's connect timeout by default).
 
     An attempt that gets no answer is abandoned for a fresh socket after 1,
-    then 2, 4, ... seconds, as Dask's own connect retries ``tcp://``: 32
-    simulated hosts opening their 992 all-to-all connections at once saw
-    some SYNs go unanswered on one socket until the kernel gave up (127 s)
-    while a fresh socket connected at once. A refusal ends the attempts."""
+    then 2, 4, ... seconds, as Dask's own connect retries ``tcp://``: on one
+    socket a lost SYN waits for the kernel's retransmissions (Linux's six
+    retries take 127 s), longer than Dask's connect timeout. A refusal ends
+    the attempts."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (connect_timeout() if timeout is None else timeout)
     error: OSError | None = None
