@@ -130,7 +130,8 @@ class MLP:
         shards = [self.shard(rank) for rank in range(self.nworkers)]
         every = Samples(np.concatenate([s.x for s in shards]), np.concatenate([s.y for s in shards]))
         rng = np.random.default_rng([self.seed, 3])
-        model, velocity = self.init_model(), np.zeros(self.n_params)
+        model = self.init_model()
+        velocity: np.ndarray = np.zeros(self.n_params)
         for _ in range(steps):
             grad = self.gradient(model, every.take(rng.integers(0, every.y.size, batch)))
             velocity = 0.9 * velocity - 4 * self.lr * grad
