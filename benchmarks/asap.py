@@ -39,6 +39,7 @@ from typing import Any
 from distributed import Client
 
 from benchmarks._asap_testbed import testbed
+from benchmarks.report import markdown_table
 from dask_lcicomm.asap.client import train
 from dask_lcicomm.asap.graphs import Graph, choose_graph
 from dask_lcicomm.asap.mlp import MLP
@@ -126,45 +127,46 @@ def record(report: RunReport, target: float, model: str = "logreg",
     }
 
 
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def format_table(case: CaseResult, target: float) -> str:
-    head = ("| mode | graph | reached | time to target [s] | rounds | MB to target | final loss "
-            "| final acc | max gap (diameter) | spectral gap | wait/worker [s] | MB total |")
-    lines = [f"{case.case} case (target loss {target:.4f}):", "", head,
-             "|" + "---|" * head.count(" | ") + "---|"]
+    head = ["mode", "graph", "reached", "time to target [s]", "rounds", "MB to target", "final loss",
+            "final acc", "max gap (diameter)", "spectral gap", "wait/worker [s]", "MB total"]
+    rows = []
     for report in case.reports:
         r = record(report, target)
-
-        def fmt(value: Any, spec: str) -> str:
-            return "-" if value is None else format(value, spec)
-
         mb = None if r["bytes_to_target"] is None else r["bytes_to_target"] / 1e6
-        lines.append(
-            f"| {r['mode']} | {r['graph']} | {'yes' if r['reached_target'] else 'no'} "
-            f"| {fmt(r['time_to_target_s'], '.1f')} | {fmt(r['rounds_to_target'], '.0f')} "
-            f"| {fmt(mb, ',.0f')} | {r['final_loss']:.4f} | {r['final_accuracy']:.3f} "
-            f"| {r['max_iteration_gap']} ({report.diameter:g}) | {r['spectral_gap']:.3f} "
-            f"| {report.wait_s:.1f} | {report.bytes_sent / 1e6:,.0f} |")
-    return "\n".join(lines)
+        rows.append([
+            r["mode"], r["graph"], "yes" if r["reached_target"] else "no",
+            _fmt(r["time_to_target_s"], ".1f"), _fmt(r["rounds_to_target"], ".0f"), _fmt(mb, ",.0f"),
+            f"{r['final_loss']:.4f}", f"{r['final_accuracy']:.3f}",
+            f"{r['max_iteration_gap']} ({report.diameter:g})", f"{r['spectral_gap']:.3f}",
+            f"{report.wait_s:.1f}", f"{report.bytes_sent / 1e6:,.0f}",
+        ])
+    return f"{case.case} case (target loss {target:.4f}):\n\n" + markdown_table(head, rows)
 
 
-def format_degrees(case: CaseResult, target: float) -> str:
-    """asap per degree budget: the graph's mixing against rounds and bytes to target."""
-    assert case.degrees is not None
-    head = ("| degree budget | graph | spectral gap | diameter | reached | rounds to target "
-            "| time to target [s] | MB to target | final loss | max gap |")
-    lines = [f"{case.case} case, asap per degree budget (target loss {target:.4f}):", "", head,
-             "|" + "---|" * head.count(" | ") + "---|"]
-    for degree, report in zip(case.degrees, case.reports, strict=True):
-        r = record(report, target)
+def format_degrees(case: str, records: list[dict[str, Any]], target: float) -> str:
+    """asap per degree budget (``records`` of one case): the graph's mixing
+    against rounds and bytes to target."""
+    head = ["degree budget", "graph", "spectral gap", "diameter", "reached", "rounds to target",
+            "time to target [s]", "MB to target", "final loss", "max gap"]
+    rows = []
+    for r in records:
         reached = r["reached_target"]
-        lines.append(
-            f"| {degree} | {r['graph']} | {r['spectral_gap']:.4f} | {report.diameter:g} "
-            f"| {'yes' if reached else 'not reached'} "
-            f"| {r['rounds_to_target'] if reached else '-'} "
-            f"| {r['time_to_target_s'] if reached else '-'} "
-            f"| {format(r['bytes_to_target'] / 1e6, ',.0f') if reached else '-'} "
-            f"| {r['final_loss']:.4f} | {r['max_iteration_gap']} |")
-    return "\n".join(lines)
+        mb = r["bytes_to_target"] / 1e6 if reached else None
+        rows.append([
+            str(r["degree_budget"]), r["graph"], f"{r['spectral_gap']:.4f}",
+            "inf" if r["diameter"] is None else format(r["diameter"], "g"),
+            "yes" if reached else "not reached",
+            str(r["rounds_to_target"]) if reached else "-",
+            str(r["time_to_target_s"]) if reached else "-",
+            _fmt(mb, ",.0f"), f"{r['final_loss']:.4f}", str(r["max_iteration_gap"]),
+        ])
+    return (f"{case} case, asap per degree budget (target loss {target:.4f}):\n\n"
+            + markdown_table(head, rows))
 
 
 def targets(case: CaseResult, target: float) -> list[str]:
@@ -289,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"step {args.compute_ms:g} ms, slow x{args.slow_factor:g}; f_ref = {f_ref:.5f}\n")
     for case in results:
         if case.degrees:
-            print(format_degrees(case, target) + "\n")
             records = [record(r, target, args.model, degree)
                        for r, degree in zip(case.reports, case.degrees, strict=True)]
+            print(format_degrees(case.case, records, target) + "\n")
         else:
             print(format_table(case, target))
             print("\nTargets:\n" + "\n".join(f"- {line}" for line in targets(case, target)) + "\n")
