@@ -164,7 +164,7 @@ class Links:
     def _options(self, accepting: bool) -> DeviceOptions:
         return DeviceOptions(
             completion=self._completion,
-            want_write=self._engine.want_write,
+            progress=self._engine,
             limits=self.limits,
             batch_bytes=self._settings.fragment_size,
             accepting=accepting,

@@ -1,5 +1,6 @@
 """Shared fixtures: devices over a socket pair (and, for shm, two shared
-segments; for ucx, two UCX workers), progressed by a real engine."""
+segments; for ucx, the UCX workers of two engines), progressed by a real
+engine."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import os
 import socket
 
 import pytest
-from ucx_support import UcxTransport, ucx_transports
+from ucx_support import ucx_devices
 
 from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
-from dask_lcicomm.providers import shm_segment, ucx
+from dask_lcicomm.providers import shm_segment
 from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice
 from dask_lcicomm.providers.shm_handshake import ShmLink
@@ -22,7 +23,8 @@ from dask_lcicomm.providers.tcp import TcpDevice
 
 
 class Endpoint:
-    """A device, its engine and everything its completion object delivered."""
+    """A device, its engine and everything its completion object delivered.
+    Without a ``transport`` the device comes later, through :meth:`attach`."""
 
     def __init__(self, loop, transport, mode, completion="queue", accepting=False, **device_kwargs):
         self.events: list = []
@@ -31,9 +33,9 @@ class Endpoint:
             completion, loop, self._handle, threadsafe=mode == "thread"
         )
         self.engine = ProgressEngine(loop, mode, self.completion, poll_interval=0.001)
-        options = DeviceOptions(
+        self.options = options = DeviceOptions(
             completion=self.completion,
-            want_write=self.engine.want_write,
+            progress=self.engine,
             limits=device_kwargs.pop("limits", Limits()),
             batch_bytes=device_kwargs.pop("batch_bytes", 1 << 20),
             accepting=accepting,
@@ -45,12 +47,15 @@ class Endpoint:
                 releaser(release_after) if release_after else None,
                 device_kwargs.pop("budget", None),
             )
-        elif isinstance(transport, UcxTransport):
-            self.device = ucx.UcxDevice(*transport, options, "lci://a:1", "lci://b:2")
-        else:
+        elif transport is not None:
             self.device = TcpDevice(transport, options)
         assert not device_kwargs, f"unknown device options {device_kwargs}"
-        self.engine.add(self.device)
+        if transport is not None:
+            self.engine.add(self.device)
+
+    def attach(self, device):
+        self.device = device
+        self.engine.add(device)
 
     def send(self, vc, unit, token=None):
         """Queue ``unit`` and flush, as the parcelport does without aggregation."""
@@ -99,11 +104,14 @@ def endpoint_pair():
                 pool = 0 if sndbuf else 64 << 20
             transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
         elif provider == "ucx":
-            transports = ucx_transports(socks)
+            transports = [None, None]
         made = []
         try:
             for transport in transports:
                 made.append(Endpoint(loop, transport, mode, **kwargs))
+            if provider == "ucx":
+                for end, device in zip(made, ucx_devices(loop, made), strict=True):
+                    end.attach(device)
             yield made
         finally:
             for endpoint in made:

@@ -3,22 +3,20 @@ two ends of a ucx device made in one process."""
 
 from __future__ import annotations
 
-import socket
-import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
-from dask_lcicomm.providers import ucx
+from dask_lcicomm.providers import ucx, ucx_worker
 
 #: Why the ucx provider cannot run here (ucxx missing, no fabric), or None.
-UCX_MISSING = ucx.unavailable()
+UCX_MISSING = ucx_worker.unavailable()
 
 if UCX_MISSING is None:
     # UCX's first worker starts what UCX keeps for the life of the process
     # (a thread and five descriptors here): made now, before any test takes
     # its baseline of what the process holds.
-    ucx._worker()
+    ucx_worker.new_worker()
 
 
 def needs_ucx(*values: Any, id: str) -> Any:
@@ -29,33 +27,19 @@ def needs_ucx(*values: Any, id: str) -> Any:
     )
 
 
-class UcxTransport(NamedTuple):
-    """One end of a ucx device: its worker, endpoint and side socket."""
-
-    worker: Any
-    endpoint: Any
-    sock: socket.socket
-
-
-def ucx_transports(socks: list[socket.socket], timeout: float = 10.0) -> list[UcxTransport]:
-    """Two ends of a ucx device in one process, each with a worker of its own."""
-    workers = [ucx._worker(), ucx._worker()]
-    accepted: list[Any] = []
-    listener = ucx._ucx().UCXListener.create(
-        workers[0], 0, lambda endpoint, *args: accepted.append(endpoint), deliver_endpoint=True
-    )
-    connecting = workers[1].create_endpoint_from_hostname("127.0.0.1", listener.port, True)
-    deadline = time.monotonic() + timeout
-    while not accepted:
-        assert time.monotonic() < deadline, "no UCX endpoint connected"
-        for worker in workers:
-            worker.progress()
-        time.sleep(0.001)
-    endpoint = accepted.pop()
-    # The listener keeps its callback, which keeps ``accepted``: break that
-    # cycle through UCX, which the garbage collector cannot see.
-    del listener
-    return [
-        UcxTransport(workers[0], endpoint, socks[0]),
-        UcxTransport(workers[1], connecting, socks[1]),
+def ucx_devices(loop, ends) -> list[ucx.UcxDevice]:
+    """Two ends of a ucx device in one process, each on the worker of its
+    own end's engine (``end.engine``, ``end.options``), welcomed by hand."""
+    workers = [
+        end.engine.shared("ucx", lambda end=end: ucx_worker.UcxWorker(loop, end.engine))
+        for end in ends
     ]
+    devices = []
+    for i, (end, worker) in enumerate(zip(ends, workers, strict=True)):
+        with worker.lock:
+            endpoint = worker.endpoint(workers[1 - i].address)
+            devices.append(ucx.UcxDevice(
+                worker, endpoint, 0, end.options, f"lci://{'ab'[i]}:1", f"lci://{'ba'[i]}:1"
+            ))
+    devices[0]._peer_route, devices[1]._peer_route = devices[1].route, devices[0].route
+    return devices

@@ -16,7 +16,10 @@ three modes (``distributed.comm.lci.progress``):
     and deterministic, it costs CPU while idle; meant for tests.
 
 Devices are spread over the progress threads round-robin, so ``ndevices``
-replicated devices are progressed in parallel where threads allow it.
+replicated devices are progressed in parallel where threads allow it. A
+device of a shared source (one fabric endpoint for all of a process's peers)
+is progressed where its source is: the engine waits on the source and reads
+the devices it names.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from itertools import count
 from typing import Any
 
 from dask_lcicomm.progress.completion import Completion
-from dask_lcicomm.providers.base import Device
+from dask_lcicomm.providers.base import Device, SharedSource
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,50 @@ class ProgressEngine:
             self._driver = _PollDriver(loop, completion, poll_interval)
         else:
             raise ValueError(f"unknown progress mode {mode!r}")
+        # Sources are made on the event loop and let go wherever devices are
+        # released: holding and dropping are atomic under this lock, so a
+        # source being let go is never handed out again.
+        self._shared_lock = threading.Lock()
+        self._shared: dict[str, SharedSource] = {}
+        self._holders: dict[SharedSource, int] = {}
+
+    def shared(self, name: str, make: Callable[[], SharedSource]) -> SharedSource:
+        """The source called ``name``, made and watched on first use and held
+        for the caller until it calls :meth:`drop`."""
+        with self._shared_lock:
+            source = self._shared.get(name)
+            if source is None:
+                source = self._shared[name] = make()
+                self._holders[source] = 0
+                self._driver.watch(source)
+            self._holders[source] += 1
+            return source
+
+    def hold(self, source: SharedSource) -> bool:
+        """Hold ``source`` once more; False if it is already let go."""
+        with self._shared_lock:
+            if source not in self._holders:
+                return False
+            self._holders[source] += 1
+            return True
+
+    def drop(self, source: SharedSource) -> None:
+        """Let go of ``source``: once nobody holds it, it is unwatched and
+        released (so that an idle process keeps no fabric resources)."""
+        with self._shared_lock:
+            holders = self._holders.get(source)
+            if holders is None:
+                return
+            if holders > 1:
+                self._holders[source] = holders - 1
+                return
+            del self._holders[source]
+            self._shared = {name: s for name, s in self._shared.items() if s is not source}
+        self._driver.unwatch(source)
+
+    def kick(self, source: SharedSource) -> None:
+        """Progress ``source`` soon, though its descriptor may not say so."""
+        self._driver.kick(source)
 
     def add(self, device: Device) -> None:
         """Start progressing ``device``."""
@@ -76,12 +123,25 @@ class ProgressEngine:
         self._driver.remove(device)
 
     def close(self) -> None:
-        """Stop progress; dedicated threads exit by themselves."""
+        """Stop progress and release the shared sources (after their devices);
+        dedicated threads exit by themselves."""
+        with self._shared_lock:
+            self._shared.clear()
+            self._holders.clear()
         self._driver.close()
 
 
 class _Driver:
     def add(self, device: Device) -> None:
+        raise NotImplementedError
+
+    def watch(self, source: SharedSource) -> None:
+        raise NotImplementedError
+
+    def kick(self, source: SharedSource) -> None:
+        raise NotImplementedError
+
+    def unwatch(self, source: SharedSource) -> None:
         raise NotImplementedError
 
     def want_write(self, device: Device) -> None:
@@ -99,24 +159,60 @@ class _LoopDriver(_Driver):
         self._loop = loop
         self._completion = completion
         self._devices: set[Device] = set()
-        self._backlog: set[Device] = set()
+        self._sources: set[SharedSource] = set()
+        self._backlog: set[Device | SharedSource] = set()
 
     def add(self, device: Device) -> None:
         self._devices.add(device)
-        self._loop.add_reader(device.fileno(), self._readable, device)
+        if device.source is None:
+            self._loop.add_reader(device.fileno(), self._readable, device)
+        elif device.input_pending:
+            self._later(device)
+
+    def watch(self, source: SharedSource) -> None:
+        self._sources.add(source)
+        self._loop.add_reader(source.fileno(), self._progress, source)
+
+    def kick(self, source: SharedSource) -> None:
+        if source in self._sources:
+            self._later(source)
+
+    def unwatch(self, source: SharedSource) -> None:
+        if source in self._sources:
+            self._sources.discard(source)
+            self._loop.remove_reader(source.fileno())
+            source.release()
 
     def _readable(self, device: Device) -> None:
-        if not device.on_readable():
-            self.remove(device)
-        elif device.input_pending and device not in self._backlog:
-            self._backlog.add(device)
-            self._loop.call_soon(self._resume, device)
+        self._read(device)
         self._completion.flush()
 
-    def _resume(self, device: Device) -> None:
-        self._backlog.discard(device)
-        if device in self._devices:
-            self._readable(device)
+    def _read(self, device: Device) -> None:
+        if not device.on_readable():
+            self.remove(device)
+        elif device.input_pending:
+            self._later(device)
+
+    def _progress(self, source: SharedSource) -> None:
+        for device in source.progress():
+            if device in self._devices:
+                self._read(device)
+        if source.input_pending:
+            self._later(source)
+        self._completion.flush()
+
+    def _later(self, item: Device | SharedSource) -> None:
+        if item not in self._backlog:
+            self._backlog.add(item)
+            self._loop.call_soon(self._resume, item)
+
+    def _resume(self, item: Device | SharedSource) -> None:
+        self._backlog.discard(item)
+        if isinstance(item, SharedSource):
+            if item in self._sources:
+                self._progress(item)
+        elif item in self._devices:
+            self._readable(item)
 
     def want_write(self, device: Device) -> None:
         if device in self._devices:
@@ -130,13 +226,18 @@ class _LoopDriver(_Driver):
     def remove(self, device: Device) -> None:
         if device in self._devices:
             self._devices.discard(device)
-            self._loop.remove_reader(device.fileno())
-            self._loop.remove_writer(device.fileno())
+            if device.source is None:
+                self._loop.remove_reader(device.fileno())
+                self._loop.remove_writer(device.fileno())
             device.release()
 
     def close(self) -> None:
         for device in list(self._devices):
             self.remove(device)
+        for source in self._sources:
+            self._loop.remove_reader(source.fileno())
+            source.release()
+        self._sources.clear()
 
 
 class _PollDriver(_Driver):
@@ -147,10 +248,26 @@ class _PollDriver(_Driver):
         self._completion = completion
         self._interval = interval
         self._devices: dict[Device, bool] = {}
+        self._sources: list[SharedSource] = []
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, device: Device) -> None:
         self._devices[device] = False
+        self._start()
+
+    def watch(self, source: SharedSource) -> None:
+        self._sources.append(source)
+        self._start()
+
+    def kick(self, source: SharedSource) -> None:
+        """Polled within a period anyway."""
+
+    def unwatch(self, source: SharedSource) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+            source.release()
+
+    def _start(self) -> None:
         if self._timer is None:
             self._timer = self._loop.call_later(self._interval, self._poll)
 
@@ -159,13 +276,18 @@ class _PollDriver(_Driver):
             self._devices[device] = True
 
     def _poll(self) -> None:
+        # Every device is read below: what the sources name adds nothing.
+        for source in self._sources:
+            for _ in source.progress():
+                pass
         for device, writing in list(self._devices.items()):
             if not device.on_readable():
                 self.remove(device)
             elif writing and device.on_writable():
                 self._devices[device] = False
         self._completion.flush()
-        self._timer = self._loop.call_later(self._interval, self._poll) if self._devices else None
+        alive = self._devices or self._sources
+        self._timer = self._loop.call_later(self._interval, self._poll) if alive else None
 
     def remove(self, device: Device) -> None:
         if self._devices.pop(device, None) is not None:
@@ -174,6 +296,9 @@ class _PollDriver(_Driver):
     def close(self) -> None:
         for device in list(self._devices):
             self.remove(device)
+        sources, self._sources = self._sources, []
+        for source in sources:
+            source.release()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -182,14 +307,36 @@ class _PollDriver(_Driver):
 class _ThreadDriver(_Driver):
     def __init__(self, completion: Completion, nthreads: int) -> None:
         self._threads = [_ProgressThread(completion) for _ in range(nthreads)]
-        self._owner: dict[Device, _ProgressThread] = {}
+        self._owner: dict[Device | SharedSource, _ProgressThread] = {}
         self._next = 0
 
-    def add(self, device: Device) -> None:
+    def _thread(self) -> _ProgressThread:
         thread = self._threads[self._next % len(self._threads)]
         self._next += 1
+        return thread
+
+    def add(self, device: Device) -> None:
+        source = device.source
+        thread = self._owner[source] if source is not None else self._thread()
         self._owner[device] = thread
         thread.post(_Run.register, device)
+
+    def watch(self, source: SharedSource) -> None:
+        thread = self._owner[source] = self._thread()
+        thread.post(_Run.watch, source)
+
+    def kick(self, source: SharedSource) -> None:
+        thread = self._owner.get(source)
+        if thread is not None:
+            thread.post(_Run.kick, source)
+
+    def unwatch(self, source: SharedSource) -> None:
+        thread = self._owner.pop(source, None)
+        if thread is not None:
+            try:
+                thread.post(_Run.unwatch, source)
+            except RuntimeError:
+                pass  # stopped: the thread releases what it watched as it exits
 
     def want_write(self, device: Device) -> None:
         thread = self._owner.get(device)
@@ -264,7 +411,9 @@ class _Run:
         os.set_blocking(self._wake_r, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
-        self._backlog: set[Device] = set()
+        self._backlog: set[Device | SharedSource] = set()
+        #: Devices progressed through a shared source, not a descriptor.
+        self._attached: set[Device] = set()
         self.thread = threading.Thread(
             target=self._main, name=f"lci-progress-{next(_thread_ids)}", daemon=True
         )
@@ -277,7 +426,25 @@ class _Run:
         self._stopping = True
 
     def register(self, device: Device) -> None:
-        self._selector.register(device.fileno(), selectors.EVENT_READ, device)
+        if device.source is None:
+            self._selector.register(device.fileno(), selectors.EVENT_READ, device)
+            return
+        self._attached.add(device)
+        if device.input_pending:
+            self._backlog.add(device)
+
+    def watch(self, source: SharedSource) -> None:
+        self._selector.register(source.fileno(), selectors.EVENT_READ, source)
+
+    def kick(self, source: SharedSource) -> None:
+        self._backlog.add(source)
+
+    def unwatch(self, source: SharedSource) -> None:
+        key = self._selector.get_map().get(source.fileno())
+        if key is not None and key.data is source:
+            self._selector.unregister(key.fd)
+        self._backlog.discard(source)
+        source.release()
 
     def watch_writes(self, device: Device) -> None:
         self._watch(device, selectors.EVENT_READ | selectors.EVENT_WRITE)
@@ -294,7 +461,9 @@ class _Run:
             self._selector.modify(device.fileno(), events, device)
 
     def unregister(self, device: Device) -> None:
-        if self._registered(device):
+        if device.source is not None:
+            self._attached.discard(device)
+        elif self._registered(device):
             self._selector.unregister(device.fileno())
         device.release()
 
@@ -304,31 +473,48 @@ class _Run:
             while not self._stopping:
                 backlog, self._backlog = self._backlog, set()
                 for key, mask in selector.select(0 if backlog else None):
-                    device = key.data
-                    if device is None:
+                    item = key.data
+                    if item is None:
                         self._run_commands()
-                        continue
-                    if mask & selectors.EVENT_READ:
-                        backlog.discard(device)
-                        self._read(device)
-                    if mask & selectors.EVENT_WRITE and not device.released and device.on_writable():
-                        self._watch(device, selectors.EVENT_READ)
-                for device in backlog:
-                    if not device.released:
-                        self._read(device)
+                    elif isinstance(item, SharedSource):
+                        backlog.discard(item)
+                        self._progress(item)
+                    else:
+                        if mask & selectors.EVENT_READ:
+                            backlog.discard(item)
+                            self._read(item)
+                        if mask & selectors.EVENT_WRITE and not item.released and item.on_writable():
+                            self._watch(item, selectors.EVENT_READ)
+                for item in backlog:
+                    if isinstance(item, SharedSource):
+                        self._progress(item)
+                    elif not item.released:
+                        self._read(item)
                 self._completion.flush()
                 if len(selector.get_map()) == 1 and self._slot.finished(self):
                     break
         except Exception:
             logger.exception("progress thread failed")
         finally:
+            for device in list(self._attached):
+                self.unregister(device)
             for key in list(selector.get_map().values()):
-                if key.data is not None:
+                if isinstance(key.data, SharedSource):
+                    selector.unregister(key.fd)
+                    key.data.release()
+                elif key.data is not None:
                     self.unregister(key.data)
             selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._completion.flush()
+
+    def _progress(self, source: SharedSource) -> None:
+        for device in source.progress():
+            if device in self._attached:
+                self._read(device)
+        if source.input_pending:
+            self._backlog.add(source)
 
     def _read(self, device: Device) -> None:
         if not device.on_readable():

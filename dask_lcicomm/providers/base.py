@@ -13,6 +13,11 @@ A device knows nothing of comms, listeners or channels: whoever owns it may
 hang an opaque :attr:`Device.context` on it (LCI's ``user_context``), and
 every completion names the device it came from.
 
+A fabric whose resources a process's peers share (one UCX worker for all of
+them, as LCI's device serves every peer) hangs its devices on a
+:class:`SharedSource`: the engine waits on the source's one descriptor and
+reads the devices it names, instead of waiting on a descriptor per device.
+
 A provider implements the transport primitives: :meth:`Device.fileno`,
 :meth:`Device._transmit`, :meth:`Device._receive_into`,
 :meth:`Device._shutdown` and :meth:`Device._close_transport`. A provider
@@ -30,7 +35,7 @@ import socket
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -66,6 +71,51 @@ class DeviceLost:
     violation: bool = False
 
 
+class SharedSource(ABC):
+    """One descriptor that progress waits on for many devices: the fabric
+    resources a process's peers share. Its devices name it as
+    :attr:`Device.source`; the engine that made it (:meth:`Progress.shared`)
+    progresses it, reads the devices it names, and releases it on close."""
+
+    @abstractmethod
+    def fileno(self) -> int:
+        """What the progress engine waits on."""
+
+    @abstractmethod
+    def progress(self) -> Iterable[Device]:
+        """Progress the fabric; the devices with something to read or send."""
+
+    @property
+    def input_pending(self) -> bool:
+        """Whether progress must come back without waiting on the descriptor."""
+        return False
+
+    @abstractmethod
+    def release(self) -> None:
+        """Called by the engine once it stopped waiting on the source."""
+
+
+class Progress(Protocol):
+    """The progress engine, as providers and devices see it."""
+
+    def want_write(self, device: Device) -> None:
+        """``device`` has output that could not be sent at once."""
+
+    def shared(self, name: str, make: Callable[[], SharedSource]) -> SharedSource:
+        """The engine's source called ``name``, made and watched on first use,
+        held for the caller until it calls :meth:`drop`."""
+
+    def hold(self, source: SharedSource) -> bool:
+        """Hold ``source`` once more; False if it is already let go."""
+
+    def drop(self, source: SharedSource) -> None:
+        """Let go of ``source``; the last holder's drop unwatches and releases it."""
+
+    def kick(self, source: SharedSource) -> None:
+        """Progress ``source`` soon, though its descriptor may not say so
+        (work posted from outside progress)."""
+
+
 class DeviceClosed(ConnectionError):
     """A put on a device that is gone."""
 
@@ -75,8 +125,8 @@ class DeviceOptions:
     """What every device gets from its owner, whatever the provider."""
 
     completion: CompletionSink
-    #: Called when output could not be sent at once (progress takes over).
-    want_write: Callable[[Device], None]
+    #: The engine that progresses the device.
+    progress: Progress
     #: What the peer may make us allocate.
     limits: Limits
     #: Most bytes taken from the send queue per transmission.
@@ -178,6 +228,8 @@ class Device(ABC):
 
     provider: ClassVar[str]
     watch_writable: ClassVar[bool] = True
+    #: Where progress waits for this device, if not on its own descriptor.
+    source: SharedSource | None = None
 
     def __init__(
         self,
@@ -187,7 +239,7 @@ class Device(ABC):
         placement: Placement | None = None,
     ) -> None:
         self.completion = options.completion
-        self._want_write = options.want_write
+        self._want_write = options.progress.want_write
         self._decoder = ParcelDecoder(
             options.limits, require_connect=options.accepting, placement=placement
         )

@@ -2,177 +2,72 @@
 RoCE; TCP and shared memory where that is all there is; not Slingshot 11,
 EFA or Omni-Path, which only libfabric drives).
 
-Each device owns a UCX worker with one endpoint to its peer's device, so
-that the worker's event descriptor is the device's own and progress never
-has to guess whose traffic woke it. Messages are UCX tagged sends that no
-receive awaits: they land in UCX's queue of unexpected messages, as in LCI's
-one-sided puts, and progress finds them by probing, reads their length,
-checks it against the limits and only then allocates the buffer they are
-received into. The tag says what a message is:
+A device is one UCX endpoint of the worker that every ucx device of its
+progress engine shares (:mod:`.ucx_worker`: how a message finds its
+device, and how a device is asked for and welcomed). A message is:
 
-* a *stream* message carries bytes of the parcel stream (heads, eager
-  frames, the other control units), in order;
-* a *bulk* message carries one bulk group of a parcel, written nowhere
-  first: UCX sends a large one by its rendezvous protocol (an RDMA read by
-  the receiver on a real fabric), and the buffer it lands in becomes the
-  frames handed to Dask. The tag numbers it; the parcel names that number
-  (a PLACED record, see :mod:`dask_lcicomm.parcel`).
+* a *stream* message: bytes of the parcel stream (heads, eager frames, the
+  other control units), in order;
+* a *bulk* message: one bulk group of a parcel, written nowhere first. UCX
+  sends a large one by its rendezvous protocol (an RDMA read by the receiver
+  on a real fabric), and the buffer it lands in becomes the frames handed to
+  Dask. Its tag numbers it; the parcel names that number (a PLACED record,
+  see :mod:`dask_lcicomm.parcel`);
+* a *control* message: the WELCOME that answers a hello, and the END of the
+  output, in stream order.
 
 A parcel whose bulk groups are larger than a send batch joins the stream
 only once they have reached the peer: a writer's send completes when its
 frames are there, and the small parcels of other virtual connections flow
 past a large one meanwhile. A parcel with smaller groups is sent at once,
-behind them: the receiver reads the stream on only once they have arrived,
-which costs later parcels little and spares this one a round trip.
+behind them (*prompt* bulk messages): a stream message's tag counts the
+prompt ones sent before it, and the receiver reads the stream on only once
+they have arrived, which costs later parcels little and spares this one a
+round trip.
 
-The endpoint is set up over a TCP side socket that the listener offers in
-its greeting: the accepting side opens a UCX listener for exactly one
-endpoint and says where. The side socket then stays open: its end tells
-each side that the other is gone at once, and an orderly end of output
-sends over it how many messages were sent, so that none is lost to the
-race between the two paths.
+A peer that dies is reported by UCX's error handling on its endpoint; an
+orderly end is an END message behind everything the peer sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import os
-import select
-import socket
-import struct
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import dask.config
 import numpy as np
-from distributed.comm.addressing import parse_host_port
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import (
-    Device,
-    DeviceClosed,
-    DeviceOptions,
-    accept_handshakes,
-    connect_timeout,
-    shut_socket,
-)
+from dask_lcicomm.providers import ucx_worker
+from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceOptions, connect_timeout
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
-from dask_lcicomm.providers.tcp import bind, open_connection
+from dask_lcicomm.providers.ucx_worker import (
+    BULK,
+    CONTROL,
+    END,
+    NUMBER_BITS,
+    NUMBER_MASK,
+    PROMPT,
+    STREAM,
+    WELCOME,
+    Listener,
+    RoutedDevice,
+    UcxWorker,
+    array,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Tags: bulk message number ``n`` is ``_BULK | n`` (``| _PROMPT`` if its
-#: parcel was sent at once); a stream message's tag is the number of prompt
-#: bulk messages sent before it, which must have arrived before it is read.
-_BULK = 1 << 63
-_PROMPT = 1 << 62
-_NUMBER = _PROMPT - 1
-#: An orderly end of output, on the side socket: how many messages were sent.
-_END = struct.Struct("<Q")
-_SETUP = struct.Struct("<I")
-_MAX_SETUP_BYTES = 4096
 #: Stream bytes in flight, in send batches, before sends wait for UCX.
 _INFLIGHT_BATCHES = 8
-#: Most messages taken from UCX's queue in one pass.
-_PROBES = 64
-#: Progress calls in one pass before the worker is armed (or left for later).
-_PROGRESS_ROUNDS = 16
-
-
-@functools.cache
-def _ucx() -> Any:
-    """The ucxx bindings, imported on first use (``ImportError`` without them)."""
-    import ucxx._lib.libucxx as ucx
-
-    return ucx
-
-
-@functools.cache
-def _array_type() -> Any:
-    from ucxx._lib.arr import Array
-
-    return Array
-
-
-def context_options(settings: Settings) -> dict[str, str]:
-    """The UCX options ``distributed.comm.lci.ucx-options`` sets, but for
-    those a ``UCX_<NAME>`` environment variable sets: given to the context,
-    they would override it."""
-    return {name: value for name, value in settings.ucx_options if f"UCX_{name}" not in os.environ}
-
-
-class _Context:
-    """The process's UCX context, created on first use and kept: UCX reads
-    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx-options``)
-    once, when it opens."""
-
-    _lock = threading.Lock()
-    _context: Any = None
-    _error: str | None = None
-
-    @classmethod
-    def get(cls) -> Any:
-        with cls._lock:
-            if cls._context is None and cls._error is None:
-                options: dict[str, str] = {}
-                try:
-                    ucx = _ucx()
-                    options = context_options(Settings.from_config())
-                    cls._context = ucx.UCXContext(
-                        options, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
-                    )
-                except ImportError as e:
-                    cls._error = f"ucxx is not installed (pip install 'dask-lcicomm[ucx]'): {e}"
-                except Exception as e:
-                    given = f" with options {options}" if options else ""
-                    cls._error = f"UCX cannot open the fabric{given}: {type(e).__name__}: {e}"
-            if cls._error is not None:
-                raise ProviderUnavailable(cls._error)
-            return cls._context
-
-
-@functools.cache
-def _setup_errors() -> tuple[type[BaseException], ...]:
-    """What setting a device up may raise when the peer or UCX cannot do
-    it: each means "not over UCX with this peer", never a crash."""
-    return (OSError, ValueError, asyncio.TimeoutError, _ucx().UCXError)
-
-
-def unavailable() -> str | None:
-    """Why this process cannot use UCX at all, or None."""
-    try:
-        _Context.get()
-    except ProviderUnavailable as e:
-        return str(e)
-    return None
-
-
-def _worker() -> Any:
-    worker = _ucx().UCXWorker(_Context.get())
-    worker.init_blocking_progress_mode()
-    return worker
-
-
-def _array(buffer: Any) -> Any:
-    return _array_type()(buffer)
-
-
-def _tag(value: int) -> Any:
-    return _ucx().UCXXTag(value)
-
-
-@functools.cache
-def _any_tag() -> tuple[Any, Any]:
-    """The tag and mask that match every message."""
-    return _ucx().UCXXTag(0), _ucx().UCXXTagMask(0)
+_HALF = 1 << (NUMBER_BITS - 1)
 
 
 class _Waiting:
@@ -187,43 +82,38 @@ class _Waiting:
         self.bulk_out = 0
 
 
-class UcxDevice(Device):
-    """A device over a UCX worker and endpoint of its own, and a side socket."""
+class UcxDevice(RoutedDevice):
+    """A device over one endpoint of the shared worker; made under its lock."""
 
     provider = "ucx"
     watch_writable = False
 
     def __init__(
         self,
-        worker: Any,
+        worker: UcxWorker,
         endpoint: Any,
-        sock: socket.socket,
+        peer_route: int,
         options: DeviceOptions,
         local_address: str,
         peer_address: str,
     ) -> None:
         super().__init__(options, local_address, peer_address, placement=self._take_bulk)
+        self.source = self._worker = worker
         self._max_bulk_bytes = options.limits.max_message_bytes
         self._max_bulk_count = options.limits.max_frames
         self._batch_bytes = options.batch_bytes
         # Stream bytes UCX may hold before writers wait: back-pressure when
         # the peer takes them more slowly than they are written.
         self._max_inflight = _INFLIGHT_BATCHES * options.batch_bytes
-        self._worker = worker
         self._endpoint = endpoint
-        self._sock = sock
-        # The worker's descriptor and the side socket behind one descriptor.
-        self._epoll = select.epoll()
-        self._epoll.register(worker.epoll_file_descriptor, select.EPOLLIN)
-        self._side_fd = sock.fileno()
-        self._epoll.register(self._side_fd, select.EPOLLIN)
-        self._fd = self._epoll.fileno()
-        # Lock order: waiting, then the device lock, then UCX (called from
-        # the event loop for sends and from progress).
+        #: Where the peer receives: 0 until its WELCOME says.
+        self._peer_route = peer_route
+        #: Told the peer's WELCOME (None) or why none will come.
+        self.on_welcome: Callable[[str | None], None] | None = None
+        # Lock order: waiting, then the device lock, then the worker's.
         self._waiting_lock = threading.Lock()
-        self._ucx_lock = threading.Lock()
         self._failed: str | None = None
-        endpoint.set_close_callback(self._endpoint_closed)
+        self._violation: str | None = None
         # Send side: parcels waiting for their bulk messages, per virtual
         # connection (in order); requests UCX has not finished.
         self._waiting: dict[int, deque[_Waiting]] = {}
@@ -233,31 +123,33 @@ class UcxDevice(Device):
         self._end_after_sends = False
         self._inflight: deque[tuple[Any, int, Any, _Waiting | None]] = deque()
         self._inflight_bytes = 0
-        self._sent = 0
         self._bulk_sent = 0
         self._prompt_sent = 0
         self._prompt_bytes = options.batch_bytes
-        # Receive side: stream messages being received, in order; bulk
+        # Receive side: stream and control messages being received, in
+        # order, each with the prompt bulk messages it waits for; bulk
         # messages by number until their parcel takes them.
-        self._receiving: deque[tuple[Any, np.ndarray, int]] = deque()
-        # Prompt bulk messages in arrival order, until they are complete.
+        self._receiving: deque[tuple[Any, np.ndarray, int, int, int]] = deque()
         self._prompt: deque[Any] = deque()
         self._prompt_seen = 0
         self._prompt_done = 0
-        self._received = 0
         self._stream: deque[memoryview] = deque()
         self._bulk: dict[int, tuple[Any, np.ndarray]] = {}
         self._bulk_bytes = 0
-        self._end: int | None = None
-        self._peer_gone = False
-        self._armed = False
+        self._end = False
+        #: Whether our END is posted.
+        self._ended = False
+        self.route = worker.add(self)
+        worker.watch_endpoint(endpoint, self)
 
     def fileno(self) -> int:
-        return self._fd
+        return self._worker.fileno()
 
     @property
     def input_pending(self) -> bool:
-        return not self.lost and (bool(self._stream) or not self._armed)
+        """Stream left, or an end that no event will announce again."""
+        ended = self._end or self._failed is not None or self._violation is not None
+        return not self.lost and (bool(self._stream) or ended)
 
     # -- sending ---------------------------------------------------------
 
@@ -290,29 +182,28 @@ class UcxDevice(Device):
         """Send each bulk group of ``parcel`` as a message of its own; the
         parcel then carries only their numbers. Without ``held`` they are
         prompt: the parcel follows at once."""
-        with self._ucx_lock:
+        with self._worker.lock:
             for group, views in enumerate(parcel.bulk_groups):
                 message = views[0] if len(views) == 1 else b"".join(views)
-                parcel.place(group, self._bulk_sent, 0)
-                tag = _BULK | self._bulk_sent
+                number = self._bulk_sent & NUMBER_MASK
+                parcel.place(group, number, 0)
                 if held is None:
-                    tag |= _PROMPT
                     self._prompt_sent += 1
                 else:
                     held.bulk_out += 1
-                self._post(message, _tag(tag), 0, held)
+                self._post(message, BULK if held else PROMPT, number, 0, held)
                 self._bulk_sent += 1
 
-    def _post(self, message: Any, tag: Any, nbytes: int, held: _Waiting | None) -> None:
-        """Hand ``message`` to UCX with ``tag`` (under the UCX lock);
-        ``nbytes`` of it count against the stream's bytes in flight."""
-        request = self._endpoint.tag_send(_array(message), tag)
-        self._sent += 1
+    def _post(self, message: Any, kind: int, number: int, nbytes: int, held: _Waiting | None) -> None:
+        """Hand ``message`` to UCX (under the worker's lock); ``nbytes`` of it
+        count against the stream's bytes in flight."""
+        request = self._endpoint.tag_send(array(message), tag(self._peer_route, kind, number))
         if request.completed:
             self._completed(request, held)
         else:
             self._inflight.append((request, nbytes, message, held))
             self._inflight_bytes += nbytes
+            self._worker.busy(self)
 
     def _completed(self, request: Any, held: _Waiting | None) -> None:
         try:
@@ -322,21 +213,6 @@ class UcxDevice(Device):
             return
         if held is not None:
             held.bulk_out -= 1
-
-    def _reap(self) -> None:
-        """Finish the sends UCX has completed (under the UCX lock)."""
-        inflight = self._inflight
-        for _ in range(len(inflight)):
-            entry = inflight.popleft()
-            request, nbytes, _, held = entry
-            if request.completed:
-                self._inflight_bytes -= nbytes
-                self._completed(request, held)
-            else:
-                inflight.append(entry)
-        if self._end_after_sends and not inflight:
-            self._end_after_sends = False
-            self._send_end()
 
     def _release_waiting(self) -> None:
         """Send the parcels whose bulk messages have all arrived; end the
@@ -374,7 +250,7 @@ class UcxDevice(Device):
 
     def finish(self) -> bool:
         """As for any device, but done only once UCX has finished every send:
-        closing the worker earlier would abort the transfers under way."""
+        closing the endpoint earlier would abort the transfers under way."""
         with self._waiting_lock:
             if self._waiting:
                 self._finish_when_sent = True
@@ -393,8 +269,6 @@ class UcxDevice(Device):
     def _transmit(self, buffers: deque[Any]) -> int:
         if self._failed is not None:
             raise ConnectionResetError(self._failed)
-        if self._peer_gone:
-            raise BrokenPipeError("the peer is gone")
         taken = []
         n = 0
         for buffer in buffers:
@@ -402,93 +276,122 @@ class UcxDevice(Device):
             n += memoryview(buffer).nbytes
             if n >= self._batch_bytes:
                 break
-        with self._ucx_lock:
-            self._reap()
+        with self._worker.lock:
+            self._reap_sends()
             if self._inflight_bytes >= self._max_inflight:
                 raise BlockingIOError
-            self._post(b"".join(taken), _tag(self._prompt_sent), n, None)
+            self._post(b"".join(taken), STREAM, self._prompt_sent, n, None)
         return n
 
-    # -- receiving -------------------------------------------------------
-
-    def on_readable(self) -> bool:
-        if self.released:
-            return False
-        if self._side_fd in dict(self._epoll.poll(0)):
-            self._take_side_socket()
-        with self._ucx_lock:
-            try:
-                self._progress()
-            except ProtocolError as e:
-                return self._fail(f"protocol error: {e}", logging.WARNING, violation=True)
-        self._release_waiting()
-        self.resume_blocked_sends()
-        alive = super().on_readable()
-        if alive and self._failed is not None and not self._stream:
-            return self._fail(self._failed, logging.INFO)
-        return alive
-
-    def _progress(self) -> None:
-        """Progress the worker, take what arrived, and arm the worker before
-        the engine sleeps on it (left unarmed, input_pending brings the
-        engine back)."""
-        for _ in range(_PROGRESS_ROUNDS):
-            self._worker.progress()
-            self._reap()
-            if self._take_arrivals() and self._worker.arm():
-                self._armed = True
-                return
-        self._armed = False
-
-    def _take_arrivals(self) -> bool:
-        """Receive what arrived, in order: each message into a buffer of its
-        length, allocated once that length passed the limits. Stream messages
-        are taken in order once complete; bulk messages are set aside by
-        number, so later stream messages are taken while one is in flight.
-        False when messages may be left in UCX's queue (no event will say
-        so: the worker must not be armed)."""
-        worker = self._worker
-        any_tag = _any_tag()
-        drained = False
-        for _ in range(_PROBES):
-            probe = worker.tag_probe(*any_tag, remove=True)
-            if not probe.matched:
-                drained = True
-                break
-            self._received += 1
-            tag, nbytes = probe.sender_tag.value, probe.length
-            if tag & _BULK:
-                handle = tag & _NUMBER
-                self._bulk_bytes += nbytes
-                if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
-                    raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
-                if handle in self._bulk:
-                    raise ProtocolError(f"bulk message {handle} arrived twice")
-                buffer = np.empty(nbytes, np.uint8)
-                request = worker.tag_recv_with_handle(_array(buffer), probe)
-                self._bulk[handle] = (request, buffer)
-                if tag & _PROMPT:
-                    self._prompt.append(request)
-                    self._prompt_seen += 1
+    def _reap_sends(self) -> bool:
+        """Finish the sends UCX has completed (under the worker's lock)."""
+        inflight = self._inflight
+        reaped = False
+        for _ in range(len(inflight)):
+            entry = inflight.popleft()
+            request, nbytes, _, held = entry
+            if request.completed:
+                self._inflight_bytes -= nbytes
+                self._completed(request, held)
+                reaped = True
             else:
-                if tag > self._prompt_seen:
-                    raise ProtocolError(f"a stream message waits for {tag} prompt bulk messages, "
-                                        f"{self._prompt_seen} came")
-                if nbytes > self._max_bulk_bytes:
-                    raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
-                buffer = np.empty(nbytes, np.uint8)
-                self._receiving.append((worker.tag_recv_with_handle(_array(buffer), probe), buffer, tag))
+                inflight.append(entry)
+        if self._end_after_sends and not inflight:
+            self._end_after_sends = False
+            self._post_end()
+        return reaped
+
+    def _post_end(self) -> None:
+        """End the output (under the worker's lock)."""
+        self._ended = True
+        self._post(b"", CONTROL, END, 0, None)
+
+    # -- receiving (under the worker's lock) --------------------------------
+
+    def arrived(self, kind: int, number: int, nbytes: int, probe: Any) -> None:
+        """Receive each message into a buffer of its length, allocated once
+        that length passed the limits. Stream and control messages are taken
+        in order once complete; bulk messages are set aside by number, so
+        later stream messages are taken while one is in flight."""
+        if self._violation is not None:
+            raise ProtocolError(self._violation)
+        if kind in (BULK, PROMPT):
+            self._bulk_bytes += nbytes
+            if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
+                raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
+            if number in self._bulk:
+                raise ProtocolError(f"bulk message {number} arrived twice")
+            request, buffer = self._receive(nbytes, probe)
+            self._bulk[number] = (request, buffer)
+            if kind == PROMPT:
+                self._prompt.append(request)
+                self._prompt_seen += 1
+            return
+        if nbytes > self._max_bulk_bytes:
+            raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
+        if kind == STREAM:
+            behind = (self._prompt_seen - number) & NUMBER_MASK
+            if behind >= _HALF:
+                raise ProtocolError(f"a stream message waits for prompt bulk message {number}, "
+                                    f"{self._prompt_seen} came")
+            required = self._prompt_seen - behind
+        elif number == (END if self._peer_route else WELCOME):
+            required = 0
+        else:
+            raise ProtocolError(f"an unexpected UCX control message {number}")
+        self._receiving.append((*self._receive(nbytes, probe), kind, number, required))
+
+    def _receive(self, nbytes: int, probe: Any) -> tuple[Any, np.ndarray]:
+        buffer = np.empty(nbytes, np.uint8)
+        return self._worker.worker.tag_recv_with_handle(array(buffer), probe), buffer
+
+    def reap(self) -> bool:
+        reaped = self._reap_sends()
         prompt = self._prompt
         while prompt and prompt[0].completed:
             prompt.popleft()
             self._prompt_done += 1
         receiving = self._receiving
-        while receiving and receiving[0][0].completed and receiving[0][2] <= self._prompt_done:
-            request, buffer, _ = receiving.popleft()
-            request.check_error()
-            if buffer.nbytes:
-                self._stream.append(buffer.data)
-        return drained
+        while receiving and receiving[0][0].completed and receiving[0][4] <= self._prompt_done:
+            request, buffer, kind, number, _ = receiving.popleft()
+            reaped = True
+            try:
+                request.check_error()
+            except Exception as e:
+                self._failed = self._failed or f"receive failed: {type(e).__name__}: {e}"
+                continue
+            if kind == STREAM:
+                if buffer.nbytes:
+                    self._stream.append(buffer.data)
+            elif number == WELCOME:
+                self._welcomed(buffer)
+            else:
+                self._end = True
+        return reaped or bool(self._stream)
+
+    @property
+    def busy(self) -> bool:
+        """Whether UCX has work of this device under way."""
+        return bool(self._inflight or self._receiving or self._prompt)
+
+    def _welcomed(self, message: np.ndarray) -> None:
+        try:
+            self._peer_route = ucx_worker.peer_route(message)
+        except ProtocolError as e:
+            self.violated(str(e))
+            return
+        if self.on_welcome is not None:
+            self.on_welcome(None)
+
+    def violated(self, reason: str) -> None:
+        self._violation = self._violation or reason
+        if self.on_welcome is not None:
+            self.on_welcome(f"protocol error: {reason}")
+
+    def endpoint_failed(self) -> None:
+        self._failed = self._failed or "the UCX endpoint failed"
+        if self.on_welcome is not None and not self._peer_route:
+            self.on_welcome(self._failed)
 
     def _take_bulk(self, handle: int, offset: int, nbytes: int) -> memoryview:
         """The bulk group the peer sent as message ``handle``: the frames.
@@ -502,6 +405,20 @@ class UcxDevice(Device):
         if buffer.nbytes != nbytes:
             raise ProtocolError(f"bulk message {handle} has {buffer.nbytes} bytes, not {nbytes}")
         return buffer.data
+
+    # -- progress (on the engine's thread) ---------------------------------
+
+    def on_readable(self) -> bool:
+        if self.released:
+            return False
+        if self._violation is not None:
+            return self._fail(f"protocol error: {self._violation}", logging.WARNING, violation=True)
+        self._release_waiting()
+        self.resume_blocked_sends()
+        alive = super().on_readable()
+        if alive and self._failed is not None and not self._stream:
+            return self._fail(self._failed, logging.INFO)
+        return alive
 
     def _receive_into(self, buffer: memoryview) -> int:
         stream = self._stream
@@ -517,171 +434,56 @@ class UcxDevice(Device):
                 stream[0] = chunk[take:]
         if n:
             return n
-        if self._ended():
+        if self._end or self._failed is not None:
             return 0
         raise BlockingIOError
-
-    def _ended(self) -> bool:
-        """Whether the peer's output is over: all it said it sent arrived,
-        or it is gone (its last words lost with it)."""
-        if self._end is not None:
-            return self._received >= self._end and not self._receiving
-        return self._peer_gone or self._failed is not None
-
-    def _take_side_socket(self) -> None:
-        """Read the peer's count of messages sent, or the end of the socket."""
-        try:
-            data = self._sock.recv(_END.size)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if len(data) == _END.size and self._end is None:
-            (self._end,) = _END.unpack(data)
-        elif not data:
-            self._peer_gone = True
-            self._epoll.unregister(self._side_fd)
-
-    def _endpoint_closed(self, *args: Any) -> None:
-        self._failed = self._failed or "the UCX endpoint failed"
 
     # -- ending ----------------------------------------------------------
 
     def _shutdown(self, both: bool) -> None:
+        """End the output: an END behind every send in flight. (``both``
+        follows a failed send, already reported: release closes the endpoint.)"""
         if both:
-            shut_socket(self._sock, both=True)
             return
-        with self._ucx_lock:
+        with self._worker.lock:
             if self._inflight:
                 self._end_after_sends = True
             else:
-                self._send_end()
-
-    def _send_end(self) -> None:
-        """End the output: say how many messages were sent (under the UCX lock)."""
-        try:
-            self._sock.send(_END.pack(self._sent))
-        except OSError:
-            pass
-        shut_socket(self._sock, both=False)
+                self._post_end()
 
     def _close_transport(self) -> None:
         self._decoder.placement = None
-        with self._ucx_lock:
-            self._endpoint.remove_close_callback()
-            # Pending requests hold the worker: cancel them, then close.
-            self._worker.cancel_inflight_requests()
-            self._endpoint.close_blocking()
+        worker = self._worker
+        with worker.lock:
+            # The peer's UCX does not see an endpoint close while this
+            # process lives: the END tells it, behind what is in flight.
+            if self._peer_route and not self._ended and self._failed is None:
+                self._post_end()
+            endpoint, self._endpoint = self._endpoint, None
+            endpoint.remove_close_callback()
+            receives = [entry[:2] for entry in self._receiving] + list(self._bulk.values())
+            worker.remove(self, receives)
+            worker.retire(endpoint, [(entry[0], entry[2]) for entry in self._inflight])
             self._inflight.clear()
             self._receiving.clear()
             self._prompt.clear()
             self._bulk.clear()
             self._stream.clear()
-            self._endpoint = None
-            self._worker = None
-        self._epoll.close()
-        self._sock.close()
+        worker.settle()
 
 
-# -- setting a device up over the side socket ---------------------------
+def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], reason: str | None) -> None:
+    """Settle ``future`` on its loop: the welcome comes wherever progress runs."""
+    loop.call_soon_threadsafe(_settle, future, reason)
 
 
-async def _send_setup(sock: socket.socket, message: dict[str, Any]) -> None:
-    data = json.dumps(message).encode()
-    await asyncio.get_running_loop().sock_sendall(sock, _SETUP.pack(len(data)) + data)
-
-
-async def _receive_setup(sock: socket.socket) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    head = await _receive_exactly(loop, sock, _SETUP.size)
-    (n,) = _SETUP.unpack(head)
-    if n > _MAX_SETUP_BYTES:
-        raise ProviderUnavailable(f"a {n}-byte UCX setup message is too long")
-    try:
-        message = json.loads(await _receive_exactly(loop, sock, n))
-    except ValueError as e:
-        raise ProviderUnavailable(f"malformed UCX setup message: {e}") from e
-    if not isinstance(message, dict):
-        raise ProviderUnavailable("malformed UCX setup message")
-    return message
-
-
-async def _receive_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = await loop.sock_recv(sock, n - len(data))
-        if not chunk:
-            raise ProviderUnavailable("the peer closed the UCX setup socket")
-        data += chunk
-    return data
-
-
-async def _accept_endpoint(worker: Any, sock: socket.socket, timeout: float) -> Any:
-    """Open a UCX listener for one endpoint, say where, and wait for it."""
-    endpoints: list[Any] = []
-
-    def connected(endpoint: Any, *args: Any) -> None:
-        endpoints.append(endpoint)
-
-    listener = _ucx().UCXListener.create(worker, 0, connected, deliver_endpoint=True)
-    try:
-        await _send_setup(sock, {"port": listener.port})
-        deadline = time.monotonic() + timeout
-        while not endpoints:
-            worker.progress()
-            if time.monotonic() > deadline:
-                raise ProviderUnavailable(f"no UCX endpoint connected within {timeout} s")
-            await asyncio.sleep(0.001)
-    finally:
-        del listener
-    # The listener's callback keeps ``endpoints``: empty it, or the endpoints
-    # and the worker live on in a cycle through UCX that no collector sees.
-    endpoint, *extra = endpoints
-    endpoints.clear()
-    for other in extra:
-        other.close()
-    return endpoint
-
-
-async def accept(sock: socket.socket, options: DeviceOptions, timeout: float) -> UcxDevice:
-    """The accepting side of the setup, on a connection to the side socket."""
-    try:
-        request = await asyncio.wait_for(_receive_setup(sock), timeout)
-        worker = _worker()
-        endpoint = await _accept_endpoint(worker, sock, timeout)
-    except _setup_errors() as e:
-        raise ProviderUnavailable(f"UCX setup failed: {type(e).__name__}: {e}") from e
-    return UcxDevice(
-        worker, endpoint, sock, options, str(request.get("peer", "")), str(request.get("local", ""))
-    )
-
-
-async def connect(peer: PeerOffer, options: DeviceOptions, timeout: float) -> UcxDevice:
-    """The connecting side: reach the peer's side socket, then its endpoint."""
-    if not (isinstance(peer.offer, int) and 0 < peer.offer < 65536):
-        raise ProviderUnavailable(f"malformed UCX offer {peer.offer!r}")
-    host, _ = parse_host_port(peer.peer_address.split("://", 1)[-1])
-    if ":" in host:
-        raise ProviderUnavailable("ucxx's UCX listeners accept IPv4 only")
-    try:
-        sock = await open_connection(host, peer.offer, timeout)
-    except (OSError, asyncio.TimeoutError) as e:
-        raise ProviderUnavailable(f"cannot reach the UCX setup socket: {e!r}") from e
-    try:
-        await _send_setup(sock, {"local": peer.local_address, "peer": peer.peer_address})
-        reply = await asyncio.wait_for(_receive_setup(sock), timeout)
-        port = reply.get("port")
-        if not isinstance(port, int):
-            raise ProviderUnavailable(f"malformed UCX setup reply {reply!r}")
-        worker = _worker()
-        endpoint = worker.create_endpoint_from_hostname(host, port, True)
-        return UcxDevice(worker, endpoint, sock, options, peer.local_address, peer.peer_address)
-    except _setup_errors() as e:
-        sock.close()
-        raise ProviderUnavailable(f"UCX setup failed: {type(e).__name__}: {e}") from e
-    except BaseException:
-        sock.close()
-        raise
+def _settle(future: asyncio.Future[None], reason: str | None) -> None:
+    if future.done():
+        return
+    if reason is None:
+        future.set_result(None)
+    else:
+        future.set_exception(ProviderUnavailable(reason))
 
 
 class UcxProvider(Provider):
@@ -690,7 +492,15 @@ class UcxProvider(Provider):
     name = "ucx"
 
     def unavailable(self) -> str | None:
-        return unavailable()
+        return ucx_worker.unavailable()
+
+    @staticmethod
+    def _worker(options: DeviceOptions) -> UcxWorker:
+        """The worker of the engine behind ``options``, held for the caller."""
+        loop = asyncio.get_running_loop()
+        worker = options.progress.shared("ucx", lambda: UcxWorker(loop, options.progress))
+        assert isinstance(worker, UcxWorker)
+        return worker
 
     def listen(
         self,
@@ -700,18 +510,52 @@ class UcxProvider(Provider):
         options: DeviceOptions,
         accepted: Callable[[Device], None],
     ) -> Offering:
-        sock = bind(host, 0, int(dask.config.get("distributed.comm.socket-backlog")))
-        setup_port = sock.getsockname()[1]
-        timeout = connect_timeout()
+        worker = self._worker(options)
 
-        async def handshake(conn: socket.socket) -> Device:
-            return await accept(conn, options, timeout)
+        def make(endpoint: Any, peer_route: int, local: str, peer: str) -> UcxDevice:
+            return UcxDevice(worker, endpoint, peer_route, options, local, peer)
 
-        close = accept_handshakes(sock, handshake, accepted, f"UCX setup port {setup_port}")
-        return Offering(close=close, offer=setup_port)
+        number = worker.listen(Listener(make, accepted))
+
+        def close() -> None:
+            worker.stop_listening(number)
+            worker.drop()
+
+        return Offering(close=close, offer=[worker.address, number])
 
     async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
-        return await connect(peer, options, connect_timeout())
+        offer = peer.offer
+        if not (isinstance(offer, list) and len(offer) == 2 and isinstance(offer[0], str)
+                and isinstance(offer[1], int)):
+            raise ProviderUnavailable(f"malformed UCX offer {offer!r}")
+        address, listener = offer
+        worker = self._worker(options)
+        loop = asyncio.get_running_loop()
+        welcomed: asyncio.Future[None] = loop.create_future()
+        try:
+            with worker.lock:
+                try:
+                    endpoint = worker.endpoint(address)
+                except BaseException:
+                    worker.drop()
+                    raise
+                device = UcxDevice(worker, endpoint, 0, options, peer.local_address, peer.peer_address)
+                device.on_welcome = functools.partial(_settle_soon, loop, welcomed)
+                hello = worker.hello(listener, device.route, peer.local_address, peer.peer_address)
+                device._post(hello, CONTROL, 0, 0, None)
+        except ucx_worker.setup_errors() as e:
+            raise ProviderUnavailable(f"UCX cannot reach the peer: {type(e).__name__}: {e}") from e
+        options.progress.kick(worker)
+        try:
+            await asyncio.wait_for(welcomed, connect_timeout())
+        except asyncio.TimeoutError as e:
+            device.release()
+            raise ProviderUnavailable(f"no UCX welcome within {connect_timeout()} s") from e
+        except BaseException:
+            device.release()
+            raise
+        device.on_welcome = None
+        return device
 
 
 PROVIDER = UcxProvider()

@@ -107,6 +107,7 @@ class _SocketDevice:
     and reads as gone."""
 
     input_pending = False
+    source = None
 
     def __init__(self, sock):
         sock.setblocking(False)

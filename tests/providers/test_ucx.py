@@ -5,8 +5,10 @@ The cases every provider shares are in test_base.py and test_processes.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-import socket
+import random
 import subprocess
 import sys
 import threading
@@ -22,9 +24,8 @@ from ucx_support import UCX_MISSING
 from dask_lcicomm import connections
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
-from dask_lcicomm.providers import ucx
+from dask_lcicomm.providers import ucx_worker
 from dask_lcicomm.providers.base import DeviceLost
-from dask_lcicomm.providers.registry import ProviderUnavailable
 
 pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
 
@@ -33,10 +34,17 @@ def _lost(events):
     return [e for e in events if isinstance(e, DeviceLost)]
 
 
-def _raw_send(sender, data: bytes, tag: int) -> None:
-    """Send ``data`` with ``tag`` on ``sender``'s endpoint, as a peer that
-    does not follow the protocol would."""
-    sender.device._endpoint.tag_send(ucx._array(data), ucx._tag(tag))
+def _raw_send(sender, data: bytes, route: int, kind: int, number: int, endpoint=None) -> None:
+    """Send ``data`` with the given tag on ``sender``'s endpoint (or on
+    ``endpoint`` of its worker), as a peer that does not follow the protocol
+    would."""
+    worker = sender.device.source
+    with worker.lock:
+        request = (endpoint or sender.device._endpoint).tag_send(
+            ucx_worker.array(data), ucx_worker.tag(route, kind, number)
+        )
+        if not request.completed:
+            worker._orphans.append((request, data))
 
 
 def _unsent_group() -> bytes:
@@ -49,11 +57,14 @@ def _unsent_group() -> bytes:
     return b"".join(units)
 
 
+#: What a peer sends on its own route, as (data, kind, number).
 HOSTILE = {
-    "unknown tag": (b"x" * 16, 1 << 40),
-    "garbage in the stream": (b"not a parcel stream at all", 0),
-    "placed group that never arrived": (_unsent_group(), 0),
-    "bulk message over the limit": (bytes(2 << 20), ucx._BULK | 5),
+    "garbage in the stream": (b"not a parcel stream at all", ucx_worker.STREAM, 0),
+    "placed group that never arrived": (_unsent_group(), ucx_worker.STREAM, 0),
+    "bulk message over the limit": (bytes(2 << 20), ucx_worker.BULK, 5),
+    "stream waiting for prompt messages never sent": (b"x", ucx_worker.STREAM, 3),
+    "a second welcome": (bytes(4), ucx_worker.CONTROL, ucx_worker.WELCOME),
+    "an unknown control message": (b"", ucx_worker.CONTROL, 9),
 }
 
 
@@ -62,15 +73,58 @@ HOSTILE = {
 async def test_a_hostile_ucx_peer_loses_its_device_alone(endpoint_pair, case):
     """The device that received it closes, reporting a protocol violation;
     a second device next to it keeps working."""
-    data, tag = HOSTILE[case]
+    data, kind, number = HOSTILE[case]
     limits = Limits(max_message_bytes=1 << 20)
     with endpoint_pair("loop", provider="ucx", limits=limits) as (a, b), \
             endpoint_pair("loop", provider="ucx") as (c, d):
-        _raw_send(a, data, tag)
+        _raw_send(a, data, b.device.route, kind, number)
         await b.wait_for(lambda ev: bool(_lost(ev)))
         assert _lost(b.events)[0].violation, _lost(b.events)
         c.send(3, OutgoingParcel(3, 0, [b"still here", np.ones(200_000, np.uint8)], 1024, 65536))
         await d.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
+
+
+def _parcel_bytes(vc: int, seq: int, payload: bytes) -> bytes:
+    parcel = OutgoingParcel(vc, seq, [payload], 1024, 65536)
+    return b"".join(bytes(b) for b in parcel.next_unit())
+
+
+@gen_test(timeout=60)
+async def test_a_peer_cannot_inject_into_another_peers_conversation(endpoint_pair):
+    """Devices ``b`` and ``intruder`` share one UCX worker; the intruder knows
+    everything but the route that b chose and told ``a`` alone. It sends
+    well-formed parcels under every other route it might try, and a hello
+    that claims to be ``a``: b's conversation with a sees none of it, and the
+    worker drops each message unread."""
+    with endpoint_pair("loop", provider="ucx") as (a, b), \
+            endpoint_pair("loop", provider="ucx") as (intruder, _):
+        worker = b.device.source
+        with intruder.device.source.lock:
+            endpoint = intruder.device.source.endpoint(worker.address)
+        forged = _parcel_bytes(1, 0, b"forged")
+        guesses = {b.device.route ^ (1 << bit) for bit in range(32)} | {
+            random.getrandbits(32) | 1 for _ in range(200)
+        }
+        guesses.discard(b.device.route)
+        for route in sorted(guesses):
+            _raw_send(intruder, forged, route, ucx_worker.STREAM, 0, endpoint)
+        hello = json.dumps({"address": a.device.source.address, "listener": 1, "route": 7,
+                            "local": "lci://a:1", "peer": "lci://b:1"}).encode()
+        _raw_send(intruder, hello, 0, ucx_worker.CONTROL, 0, endpoint)
+        a.send(1, OutgoingParcel(1, 0, [b"genuine"], 1024, 65536))
+        await b.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
+        await asyncio.sleep(0.5)
+        messages = [e for e in b.events if isinstance(e, Message)]
+        assert [bytes(m.frames[0]) for m in messages] == [b"genuine"]
+        assert not _lost(b.events)
+        assert set(worker._routes) == {b.device.route}
+        for _ in range(100):
+            if not worker._orphans:
+                break
+            await asyncio.sleep(0.1)
+        assert not worker._orphans, "dropped messages still held"
+        with intruder.device.source.lock:
+            endpoint.close_blocking()
 
 
 @gen_test(timeout=30)
@@ -113,38 +167,6 @@ def test_two_event_loops_of_one_process_both_progress():
     assert results == {"sum": (1 << 20) * ((1 << 20) - 1) // 2, "providers": {"ucx"}}
 
 
-@pytest.mark.parametrize("message", [b"\x05\x00\x00\x00{nope", b"\x02\x00\x00\x00[]", b"\xff\xff\xff\xff"])
-@gen_test(timeout=30)
-async def test_a_malformed_setup_message_refuses_that_peer(message):
-    """What a peer sends on the setup socket is bounded and checked: garbage
-    is ProviderUnavailable (that peer refused), never another error."""
-    near, far = socket.socketpair()
-    try:
-        near.setblocking(False)
-        far.sendall(message)
-        far.shutdown(socket.SHUT_WR)
-        with pytest.raises(ProviderUnavailable):
-            await ucx._receive_setup(near)
-    finally:
-        near.close()
-        far.close()
-
-
-@gen_test(timeout=30)
-async def test_a_peer_silent_on_the_setup_socket_is_refused_as_unavailable():
-    """The accepting side's setup fails as ProviderUnavailable, whatever
-    failed (here the wait for the peer's request), as the connecting side's
-    does."""
-    near, far = socket.socketpair()
-    try:
-        near.setblocking(False)
-        with pytest.raises(ProviderUnavailable, match="TimeoutError"):
-            await ucx.accept(near, None, timeout=0.05)
-    finally:
-        near.close()
-        far.close()
-
-
 def test_an_environment_variable_wins_over_a_configured_ucx_option(monkeypatch):
     """A ``UCX_<NAME>`` variable is the user's word for this run: the
     configured option of that name is not given to the context, where it
@@ -152,7 +174,7 @@ def test_an_environment_variable_wins_over_a_configured_ucx_option(monkeypatch):
     monkeypatch.setenv("UCX_TCP_TX_SEG_SIZE", "64k")
     options = {"tcp-tx-seg-size": "1m", "tls": "tcp"}
     with dask.config.set({"distributed.comm.lci.ucx-options": options}):
-        assert ucx.context_options(Settings.from_config()) == {"TLS": "tcp"}
+        assert ucx_worker.context_options(Settings.from_config()) == {"TLS": "tcp"}
 
 
 def _printed_by_a_fresh_process(code: str, env: dict[str, str]) -> str:
@@ -168,14 +190,14 @@ def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
     """The provider is unavailable, and the reason names the options."""
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX_OPTIONS": '{"no-such-option": "1"}'}
     reason = _printed_by_a_fresh_process(
-        "from dask_lcicomm.providers import ucx; print(ucx.unavailable())", env
+        "from dask_lcicomm.providers import ucx_worker; print(ucx_worker.unavailable())", env
     )
     assert "UCX cannot open the fabric with options" in reason and "NO_SUCH_OPTION" in reason, reason
 
 
 _SHARED_MAPPINGS = (
-    "from dask_lcicomm.providers import ucx\n"
-    "workers = [ucx._worker() for _ in range(3)]\n"
+    "from dask_lcicomm.providers import ucx_worker\n"
+    "workers = [ucx_worker.new_worker() for _ in range(3)]\n"
     "maps = open('/proc/self/maps').read().splitlines()\n"
     "print(sum(line.endswith('(deleted)') or '/dev/shm/' in line for line in maps))\n"
 )
