@@ -38,6 +38,7 @@ CONFIGS: dict[str, tuple[str, dict[str, str], str | None]] = {
     "lci-ucx": ("lci", {_PROVIDERS: "[ucx]"}, "ucxx"),
 }
 MESSAGE = {"op": "ping", "x": 1}
+_ADDRESSES = "addresses:"
 
 
 def _usage() -> tuple[int, int]:
@@ -62,7 +63,8 @@ async def _serve(scheme: str, count: int) -> None:
     listeners = [await listen(f"{scheme}://127.0.0.1:0", echo) for _ in range(count)]
     for listener in listeners:
         await listener.start()
-    print(json.dumps([listener.contact_address for listener in listeners]), flush=True)
+    # UCX prints its warnings on stdout: the addresses are the marked line.
+    print(_ADDRESSES, json.dumps([listener.contact_address for listener in listeners]), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     for listener in listeners:
         listener.stop()
@@ -91,6 +93,15 @@ async def _measure(addresses: list[str]) -> dict[str, Any]:
             "fds_first": fds_first, "rss_mib_first": rss_first / MiB}
 
 
+def _addresses(server: subprocess.Popen[str]) -> list[str]:
+    """The addresses a server prints, past whatever else it printed."""
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.startswith(_ADDRESSES):
+            return list(json.loads(line[len(_ADDRESSES):]))
+    raise RuntimeError("a server ended without printing its addresses")
+
+
 def _one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """A configuration in fresh processes: the servers, then the measurement."""
     scheme, env, _ = CONFIGS[name]
@@ -101,7 +112,7 @@ def _one(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                for _ in range(args.servers)]
     try:
-        addresses = [a for server in servers for a in json.loads(server.stdout.readline())]  # type: ignore[union-attr]
+        addresses = [a for server in servers for a in _addresses(server)]
         done = subprocess.run([sys.executable, "-m", "benchmarks.peer_cost", "--measure",
                                json.dumps(addresses[: args.peers])],
                               env=environment, capture_output=True, text=True, timeout=300, check=False)

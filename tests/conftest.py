@@ -27,6 +27,7 @@ class Endpoint:
     Without a ``transport`` the device comes later, through :meth:`attach`."""
 
     def __init__(self, loop, transport, mode, completion="queue", accepting=False, **device_kwargs):
+        self.device = None
         self.events: list = []
         self.arrived = asyncio.Event()
         self.completion = make_completion(
@@ -75,7 +76,8 @@ class Endpoint:
         await asyncio.wait_for(wait(), timeout)
 
     def close(self):
-        self.engine.remove(self.device)
+        if self.device is not None:
+            self.engine.remove(self.device)
         self.engine.close()
 
 

@@ -13,7 +13,7 @@ from distributed.comm.core import FatalCommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.providers import registry, shm_handshake, ucx_worker
+from dask_lcicomm.providers import registry, shm_handshake, ucx_context
 
 
 async def _pair(**connect_kwargs):
@@ -155,8 +155,8 @@ async def test_a_peer_no_required_provider_reaches_is_refused_at_once_with_the_r
 
 def _ucx_broken(monkeypatch) -> None:
     """UCX as it is where ucxx is missing or cannot open the fabric."""
-    monkeypatch.setattr(ucx_worker._Context, "_context", None)
-    monkeypatch.setattr(ucx_worker._Context, "_error", "UCX cannot open the fabric: (simulated)")
+    monkeypatch.setattr(ucx_context._Context, "_context", None)
+    monkeypatch.setattr(ucx_context._Context, "_error", "UCX cannot open the fabric: (simulated)")
     # The reason is logged once per process: forget that an earlier test saw it.
     registry._report_unavailable.cache_clear()
 

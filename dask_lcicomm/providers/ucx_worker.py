@@ -8,12 +8,11 @@ descriptors and threads.
 Every message is a tagged send that no receive awaits (LCI's one-sided
 puts): progress probes UCX's queue of unexpected messages, reads each one's
 tag and length, and hands it to the device its tag routes it to, which checks
-the length against its limits before it allocates anything. A tag is::
+the length against its limits before it allocates anything.
 
-    | route: 32 bits | kind: 2 bits | number: 30 bits |
-
-The route is a random number that the receiving device chose and told its
-peer alone, in the welcome below. A peer therefore knows the routes of its
+A tag's high 32 bits are its route (:mod:`.ucx_context`): a random number
+that the receiving device chose and told its peer alone, in the welcome
+below. A peer therefore knows the routes of its
 own devices only: it cannot put a message into another peer's conversation
 except by guessing 32 random bits, and a message whose route no device holds
 is dropped unread.
@@ -31,7 +30,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import secrets
 import struct
 import threading
@@ -45,20 +43,23 @@ from typing import Any
 
 import numpy as np
 
-from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers.base import Device, Progress, SharedSource
-from dask_lcicomm.providers.registry import ProviderUnavailable
+from dask_lcicomm.providers.ucx_context import (
+    CONTROL,
+    NUMBER_BITS,
+    NUMBER_MASK,
+    WELCOME,
+    any_tag,
+    array,
+    bindings,
+    new_worker,
+    setup_errors,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Message kinds. A stream message carries bytes of the parcel stream;
-#: a bulk message one bulk group of a parcel (prompt: its parcel follows at
-#: once); a control message a WELCOME or an END, in stream order.
-STREAM, BULK, PROMPT, CONTROL = range(4)
-WELCOME, END = range(2)
-NUMBER_BITS = 30
-NUMBER_MASK = (1 << NUMBER_BITS) - 1
 _ROUTE = struct.Struct("<I")
 _MAX_HELLO_BYTES = 16 * 1024
 #: Most messages taken from UCX's queue in one pass.
@@ -67,95 +68,6 @@ _PROBES = 64
 _PROGRESS_ROUNDS = 16
 #: How long a closed device's endpoint may take to finish its sends.
 _RETIRE_S = 10.0
-
-
-@functools.cache
-def _ucx() -> Any:
-    """The ucxx bindings, imported on first use (``ImportError`` without them)."""
-    import ucxx._lib.libucxx as ucx
-
-    return ucx
-
-
-@functools.cache
-def _array_type() -> Any:
-    from ucxx._lib.arr import Array
-
-    return Array
-
-
-def array(buffer: Any) -> Any:
-    """``buffer`` as ucxx takes it."""
-    return _array_type()(buffer)
-
-
-def tag(route: int, kind: int, number: int) -> Any:
-    return _ucx().UCXXTag(route << 32 | kind << NUMBER_BITS | (number & NUMBER_MASK))
-
-
-@functools.cache
-def _any_tag() -> tuple[Any, Any]:
-    """The tag and mask that match every message."""
-    return _ucx().UCXXTag(0), _ucx().UCXXTagMask(0)
-
-
-def context_options(settings: Settings) -> dict[str, str]:
-    """The UCX options ``distributed.comm.lci.ucx-options`` sets, but for
-    those a ``UCX_<NAME>`` environment variable sets: given to the context,
-    they would override it."""
-    return {name: value for name, value in settings.ucx_options if f"UCX_{name}" not in os.environ}
-
-
-class _Context:
-    """The process's UCX context, created on first use and kept: UCX reads
-    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx-options``)
-    once, when it opens."""
-
-    _lock = threading.Lock()
-    _context: Any = None
-    _error: str | None = None
-
-    @classmethod
-    def get(cls) -> Any:
-        with cls._lock:
-            if cls._context is None and cls._error is None:
-                options: dict[str, str] = {}
-                try:
-                    ucx = _ucx()
-                    options = context_options(Settings.from_config())
-                    cls._context = ucx.UCXContext(
-                        options, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
-                    )
-                except ImportError as e:
-                    cls._error = f"ucxx is not installed (pip install 'dask-lcicomm[ucx]'): {e}"
-                except Exception as e:
-                    given = f" with options {options}" if options else ""
-                    cls._error = f"UCX cannot open the fabric{given}: {type(e).__name__}: {e}"
-            if cls._error is not None:
-                raise ProviderUnavailable(cls._error)
-            return cls._context
-
-
-def unavailable() -> str | None:
-    """Why this process cannot use UCX at all, or None."""
-    try:
-        _Context.get()
-    except ProviderUnavailable as e:
-        return str(e)
-    return None
-
-
-@functools.cache
-def setup_errors() -> tuple[type[BaseException], ...]:
-    """What making an endpoint may raise when the peer or UCX cannot do it:
-    each means "not over UCX with this peer", never a crash."""
-    return (OSError, ValueError, asyncio.TimeoutError, _ucx().UCXError)
-
-
-def new_worker() -> Any:
-    worker = _ucx().UCXWorker(_Context.get())
-    worker.init_blocking_progress_mode()
-    return worker
 
 
 class RoutedDevice(Device):
@@ -300,9 +212,8 @@ class UcxWorker(SharedSource):
     def endpoint(self, address: str) -> Any:
         """An endpoint to the worker at ``address`` (hex), reporting its
         failure (under the lock)."""
-        ucx = _ucx()
         return self.worker.create_endpoint_from_worker_address(
-            ucx.UCXAddress.create_from_buffer(bytes.fromhex(address)), True
+            bindings().UCXAddress.create_from_buffer(bytes.fromhex(address)), True
         )
 
     def watch_endpoint(self, endpoint: Any, device: RoutedDevice) -> None:
@@ -372,9 +283,9 @@ class UcxWorker(SharedSource):
         messages may be left in UCX's queue (no event says so: the worker
         must not be armed)."""
         worker = self.worker
-        any_tag = _any_tag()
+        tags = any_tag()
         for _ in range(_PROBES):
-            probe = worker.tag_probe(*any_tag, remove=True)
+            probe = worker.tag_probe(*tags, remove=True)
             if not probe.matched:
                 return True
             value = probe.sender_tag.value

@@ -14,7 +14,7 @@ from distributed.utils_test import gen_test
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.progress import ProgressEngine
 from dask_lcicomm.progress.completion import CompletionQueue
-from dask_lcicomm.progress.engine import _ProgressThread, _Run
+from dask_lcicomm.progress.threads import _ProgressThread, _Run
 
 
 def _progress_threads():

@@ -1,0 +1,120 @@
+"""The process's UCX context, and the tags of the ucx provider's messages.
+
+UCX reads its configuration once per process, when its context opens; every
+worker of the process is made from that context.
+
+A tag is::
+
+    | route: 32 bits | kind: 2 bits | number: 30 bits |
+
+(see :mod:`.ucx_worker` for routes, :mod:`.ucx_device` for kinds and numbers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+from typing import Any
+
+from dask_lcicomm.config import Settings
+from dask_lcicomm.providers.registry import ProviderUnavailable
+
+#: Message kinds. A stream message carries bytes of the parcel stream;
+#: a bulk message one bulk group of a parcel (prompt: its parcel follows at
+#: once); a control message a WELCOME or an END, in stream order.
+STREAM, BULK, PROMPT, CONTROL = range(4)
+WELCOME, END = range(2)
+NUMBER_BITS = 30
+NUMBER_MASK = (1 << NUMBER_BITS) - 1
+
+
+@functools.cache
+def bindings() -> Any:
+    """The ucxx bindings, imported on first use (``ImportError`` without them)."""
+    import ucxx._lib.libucxx as ucx
+
+    return ucx
+
+
+@functools.cache
+def _array_type() -> Any:
+    from ucxx._lib.arr import Array
+
+    return Array
+
+
+def array(buffer: Any) -> Any:
+    """``buffer`` as ucxx takes it."""
+    return _array_type()(buffer)
+
+
+def tag(route: int, kind: int, number: int) -> Any:
+    """The tag of a message of ``kind`` to ``route``."""
+    return bindings().UCXXTag(route << 32 | kind << NUMBER_BITS | (number & NUMBER_MASK))
+
+
+@functools.cache
+def any_tag() -> tuple[Any, Any]:
+    """The tag and mask that match every message."""
+    return bindings().UCXXTag(0), bindings().UCXXTagMask(0)
+
+
+def context_options(settings: Settings) -> dict[str, str]:
+    """The UCX options ``distributed.comm.lci.ucx-options`` sets, but for
+    those a ``UCX_<NAME>`` environment variable sets: given to the context,
+    they would override it."""
+    return {name: value for name, value in settings.ucx_options if f"UCX_{name}" not in os.environ}
+
+
+class _Context:
+    """The process's UCX context, created on first use and kept: UCX reads
+    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx-options``)
+    once, when it opens."""
+
+    _lock = threading.Lock()
+    _context: Any = None
+    _error: str | None = None
+
+    @classmethod
+    def get(cls) -> Any:
+        with cls._lock:
+            if cls._context is None and cls._error is None:
+                options: dict[str, str] = {}
+                try:
+                    ucx = bindings()
+                    options = context_options(Settings.from_config())
+                    cls._context = ucx.UCXContext(
+                        options, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
+                    )
+                except ImportError as e:
+                    cls._error = f"ucxx is not installed (pip install 'dask-lcicomm[ucx]'): {e}"
+                except Exception as e:
+                    given = f" with options {options}" if options else ""
+                    cls._error = f"UCX cannot open the fabric{given}: {type(e).__name__}: {e}"
+            if cls._error is not None:
+                raise ProviderUnavailable(cls._error)
+            return cls._context
+
+
+def unavailable() -> str | None:
+    """Why this process cannot use UCX at all, or None."""
+    try:
+        _Context.get()
+    except ProviderUnavailable as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def setup_errors() -> tuple[type[BaseException], ...]:
+    """What making an endpoint may raise when the peer or UCX cannot do it:
+    each means "not over UCX with this peer", never a crash."""
+    return (OSError, ValueError, asyncio.TimeoutError, bindings().UCXError)
+
+
+def new_worker() -> Any:
+    worker = bindings().UCXWorker(_Context.get())
+    worker.init_blocking_progress_mode()
+    return worker

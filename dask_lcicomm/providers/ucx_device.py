@@ -1,0 +1,468 @@
+"""A ucx device: one UCX endpoint of the worker its engine shares.
+
+:mod:`.ucx_worker` tells how a message finds its device and how a device is
+asked for and welcomed. A message is:
+
+* a *stream* message: bytes of the parcel stream (heads, eager frames, the
+  other control units), in order;
+* a *bulk* message: one bulk group of a parcel, written nowhere first. UCX
+  sends a large one by its rendezvous protocol (an RDMA read by the receiver
+  on a real fabric), and the buffer it lands in becomes the frames handed to
+  Dask. Its tag numbers it; the parcel names that number (a PLACED record,
+  see :mod:`dask_lcicomm.parcel`);
+* a *control* message: the WELCOME that answers a hello, and the END of the
+  output, in stream order.
+
+A parcel whose bulk groups are larger than a send batch joins the stream
+only once they have reached the peer: a writer's send completes when its
+frames are there, and the small parcels of other virtual connections flow
+past a large one meanwhile. A parcel with smaller groups is sent at once,
+behind them (*prompt* bulk messages): a stream message's tag counts the
+prompt ones sent before it, and the receiver reads the stream on only once
+they have arrived, which costs later parcels little and spares this one a
+round trip.
+
+A peer that dies is reported by UCX's error handling on its endpoint. UCX
+does not tell a peer that an endpoint closed while its process lives: an END
+behind everything sent says so, also when a device is closed abruptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
+from dask_lcicomm.providers import ucx_worker
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
+from dask_lcicomm.providers.send_queue import Unit
+from dask_lcicomm.providers.ucx_context import (
+    BULK,
+    CONTROL,
+    END,
+    NUMBER_BITS,
+    NUMBER_MASK,
+    PROMPT,
+    STREAM,
+    WELCOME,
+    array,
+    tag,
+)
+from dask_lcicomm.providers.ucx_worker import RoutedDevice, UcxWorker
+
+#: Stream bytes in flight, in send batches, before sends wait for UCX.
+_INFLIGHT_BATCHES = 8
+_HALF = 1 << (NUMBER_BITS - 1)
+
+
+class _Waiting:
+    """A parcel held back until its bulk messages have reached the peer."""
+
+    __slots__ = ("unit", "token", "bulk_out")
+
+    def __init__(self, unit: Unit, token: Any) -> None:
+        self.unit = unit
+        self.token = token
+        #: Bulk messages of this parcel UCX has not finished sending.
+        self.bulk_out = 0
+
+
+class UcxDevice(RoutedDevice):
+    """A device over one endpoint of the shared worker; made under its lock."""
+
+    provider = "ucx"
+    watch_writable = False
+
+    def __init__(
+        self,
+        worker: UcxWorker,
+        endpoint: Any,
+        peer_route: int,
+        options: DeviceOptions,
+        local_address: str,
+        peer_address: str,
+    ) -> None:
+        super().__init__(options, local_address, peer_address, placement=self._take_bulk)
+        self.source = self._worker = worker
+        self._max_bulk_bytes = options.limits.max_message_bytes
+        self._max_bulk_count = options.limits.max_frames
+        self._batch_bytes = options.batch_bytes
+        # Stream bytes UCX may hold before writers wait: back-pressure when
+        # the peer takes them more slowly than they are written.
+        self._max_inflight = _INFLIGHT_BATCHES * options.batch_bytes
+        self._endpoint = endpoint
+        #: Where the peer receives: 0 until its WELCOME says.
+        self._peer_route = peer_route
+        #: Told the peer's WELCOME (None) or why none will come.
+        self.on_welcome: Callable[[str | None], None] | None = None
+        # Lock order: waiting, then the device lock, then the worker's.
+        self._waiting_lock = threading.Lock()
+        self._failed: str | None = None
+        self._violation: str | None = None
+        # Send side: parcels waiting for their bulk messages, per virtual
+        # connection (in order); requests UCX has not finished.
+        self._waiting: dict[int, deque[_Waiting]] = {}
+        self._waiting_bytes = 0
+        self._finish_when_sent = False
+        # The output ends once UCX has finished the sends in flight.
+        self._end_after_sends = False
+        self._inflight: deque[tuple[Any, int, Any, _Waiting | None]] = deque()
+        self._inflight_bytes = 0
+        self._bulk_sent = 0
+        self._prompt_sent = 0
+        self._prompt_bytes = options.batch_bytes
+        # Receive side: stream and control messages being received, in
+        # order, each with the prompt bulk messages it waits for; bulk
+        # messages by number until their parcel takes them.
+        self._receiving: deque[tuple[Any, np.ndarray, int, int, int]] = deque()
+        self._prompt: deque[Any] = deque()
+        self._prompt_seen = 0
+        self._prompt_done = 0
+        self._stream: deque[memoryview] = deque()
+        self._bulk: dict[int, tuple[Any, np.ndarray]] = {}
+        self._bulk_bytes = 0
+        self._end = False
+        #: Whether our END is posted.
+        self._ended = False
+        self.route = worker.add(self)
+        worker.watch_endpoint(endpoint, self)
+
+    def fileno(self) -> int:
+        return self._worker.fileno()
+
+    @property
+    def input_pending(self) -> bool:
+        """Stream left, or an end that no event will announce again."""
+        ended = self._end or self._failed is not None or self._violation is not None
+        return not self.lost and (bool(self._stream) or ended)
+
+    # -- sending ---------------------------------------------------------
+
+    def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
+        """Bulk groups leave at once, out of band. A parcel with large ones
+        joins the stream once they have arrived, so that it never holds up
+        the small parcels of other virtual connections; one with small ones
+        follows them at once, as prompt bulk messages."""
+        parcel = unit if type(unit) is OutgoingParcel and unit.bulk_groups else None
+        with self._waiting_lock:
+            if self._lost is not None or self._finishing:
+                raise DeviceClosed(self._lost or "device is closing")
+            waiting = self._waiting.get(vc)
+            if waiting is None and (parcel is None or self._fits_prompt(parcel)):
+                if parcel is not None:
+                    self._send_bulk(parcel, None)
+                return super().put(vc, unit, token)
+            held = _Waiting(unit, token)
+            if parcel is not None:
+                self._send_bulk(parcel, held)
+            self._waiting.setdefault(vc, deque()).append(held)
+            self._waiting_bytes += unit.nbytes
+            # Small bulk messages may have gone at once.
+            return self._release_ready()
+
+    def hello(self, listener: int) -> None:
+        """Ask the peer's listener numbered ``listener`` for its end (under
+        the worker's lock)."""
+        message = self._worker.hello(listener, self.route, self.local_address, self.peer_address)
+        self._post(message, CONTROL, 0, 0, None)
+
+    def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
+        return all(sum(v.nbytes for v in views) <= self._prompt_bytes for views in parcel.bulk_groups)
+
+    def _send_bulk(self, parcel: OutgoingParcel, held: _Waiting | None) -> None:
+        """Send each bulk group of ``parcel`` as a message of its own; the
+        parcel then carries only their numbers. Without ``held`` they are
+        prompt: the parcel follows at once."""
+        with self._worker.lock:
+            for group, views in enumerate(parcel.bulk_groups):
+                message = views[0] if len(views) == 1 else b"".join(views)
+                number = self._bulk_sent & NUMBER_MASK
+                parcel.place(group, number, 0)
+                if held is None:
+                    self._prompt_sent += 1
+                else:
+                    held.bulk_out += 1
+                self._post(message, BULK if held else PROMPT, number, 0, held)
+                self._bulk_sent += 1
+
+    def _post(self, message: Any, kind: int, number: int, nbytes: int, held: _Waiting | None) -> None:
+        """Hand ``message`` to UCX (under the worker's lock); ``nbytes`` of it
+        count against the stream's bytes in flight."""
+        request = self._endpoint.tag_send(array(message), tag(self._peer_route, kind, number))
+        if request.completed:
+            self._completed(request, held)
+        else:
+            self._inflight.append((request, nbytes, message, held))
+            self._inflight_bytes += nbytes
+            self._worker.busy(self)
+
+    def _completed(self, request: Any, held: _Waiting | None) -> None:
+        try:
+            request.check_error()
+        except Exception as e:
+            self._failed = self._failed or f"send failed: {type(e).__name__}: {e}"
+            return
+        if held is not None:
+            held.bulk_out -= 1
+
+    def _release_waiting(self) -> None:
+        """Send the parcels whose bulk messages have all arrived; end the
+        output if that was all it waited for."""
+        if not self._waiting:
+            return
+        with self._waiting_lock:
+            self._release_ready()
+            finish = not self._waiting and self._finish_when_sent
+        if finish:
+            super().finish()
+        else:
+            self.flush()
+
+    def _release_ready(self) -> bool:
+        """Queue the parcels at the head of each virtual connection's line
+        whose bulk messages have all arrived (under the waiting lock); True
+        when the caller should flush."""
+        flush = False
+        for vc, waiting in list(self._waiting.items()):
+            while waiting and waiting[0].bulk_out == 0:
+                held = waiting.popleft()
+                self._waiting_bytes -= held.unit.nbytes
+                flush = super().put(vc, held.unit, held.token) or flush
+            if not waiting:
+                del self._waiting[vc]
+        return flush
+
+    @property
+    def queued_bytes(self) -> int:
+        return super().queued_bytes + self._waiting_bytes
+
+    def flush(self) -> bool:
+        return super().flush() and not self._waiting
+
+    def finish(self) -> bool:
+        """As for any device, but done only once UCX has finished every send:
+        closing the endpoint earlier would abort the transfers under way."""
+        with self._waiting_lock:
+            if self._waiting:
+                self._finish_when_sent = True
+                return False
+        return super().finish() and not self._end_after_sends
+
+    def _lose(self, reason: str) -> list[Any] | None:
+        tokens = super()._lose(reason)
+        if tokens is not None:
+            for waiting in self._waiting.values():
+                tokens.extend(held.token for held in waiting if held.token is not None)
+            self._waiting.clear()
+            self._waiting_bytes = 0
+        return tokens
+
+    def _transmit(self, buffers: deque[Any]) -> int:
+        if self._failed is not None:
+            raise ConnectionResetError(self._failed)
+        taken = []
+        n = 0
+        for buffer in buffers:
+            taken.append(buffer)
+            n += memoryview(buffer).nbytes
+            if n >= self._batch_bytes:
+                break
+        with self._worker.lock:
+            self._reap_sends()
+            if self._inflight_bytes >= self._max_inflight:
+                raise BlockingIOError
+            self._post(b"".join(taken), STREAM, self._prompt_sent, n, None)
+        return n
+
+    def _reap_sends(self) -> bool:
+        """Finish the sends UCX has completed (under the worker's lock)."""
+        inflight = self._inflight
+        reaped = False
+        for _ in range(len(inflight)):
+            entry = inflight.popleft()
+            request, nbytes, _, held = entry
+            if request.completed:
+                self._inflight_bytes -= nbytes
+                self._completed(request, held)
+                reaped = True
+            else:
+                inflight.append(entry)
+        if self._end_after_sends and not inflight:
+            self._end_after_sends = False
+            self._post_end()
+        return reaped
+
+    def _post_end(self) -> None:
+        """End the output (under the worker's lock)."""
+        self._ended = True
+        self._post(b"", CONTROL, END, 0, None)
+
+    # -- receiving (under the worker's lock) --------------------------------
+
+    def arrived(self, kind: int, number: int, nbytes: int, probe: Any) -> None:
+        """Receive each message into a buffer of its length, allocated once
+        that length passed the limits. Stream and control messages are taken
+        in order once complete; bulk messages are set aside by number, so
+        later stream messages are taken while one is in flight."""
+        if self._violation is not None:
+            raise ProtocolError(self._violation)
+        if kind in (BULK, PROMPT):
+            self._bulk_bytes += nbytes
+            if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
+                raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
+            if number in self._bulk:
+                raise ProtocolError(f"bulk message {number} arrived twice")
+            request, buffer = self._receive(nbytes, probe)
+            self._bulk[number] = (request, buffer)
+            if kind == PROMPT:
+                self._prompt.append(request)
+                self._prompt_seen += 1
+            return
+        if nbytes > self._max_bulk_bytes:
+            raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
+        if kind == STREAM:
+            behind = (self._prompt_seen - number) & NUMBER_MASK
+            if behind >= _HALF:
+                raise ProtocolError(f"a stream message waits for prompt bulk message {number}, "
+                                    f"{self._prompt_seen} came")
+            required = self._prompt_seen - behind
+        elif number == (END if self._peer_route else WELCOME):
+            required = 0
+        else:
+            raise ProtocolError(f"an unexpected UCX control message {number}")
+        self._receiving.append((*self._receive(nbytes, probe), kind, number, required))
+
+    def _receive(self, nbytes: int, probe: Any) -> tuple[Any, np.ndarray]:
+        buffer = np.empty(nbytes, np.uint8)
+        return self._worker.worker.tag_recv_with_handle(array(buffer), probe), buffer
+
+    def reap(self) -> bool:
+        reaped = self._reap_sends()
+        prompt = self._prompt
+        while prompt and prompt[0].completed:
+            prompt.popleft()
+            self._prompt_done += 1
+        receiving = self._receiving
+        while receiving and receiving[0][0].completed and receiving[0][4] <= self._prompt_done:
+            request, buffer, kind, number, _ = receiving.popleft()
+            reaped = True
+            try:
+                request.check_error()
+            except Exception as e:
+                self._failed = self._failed or f"receive failed: {type(e).__name__}: {e}"
+                continue
+            if kind == STREAM:
+                if buffer.nbytes:
+                    self._stream.append(buffer.data)
+            elif number == WELCOME:
+                self._welcomed(buffer)
+            else:
+                self._end = True
+        return reaped or bool(self._stream)
+
+    @property
+    def busy(self) -> bool:
+        """Whether UCX has work of this device under way."""
+        return bool(self._inflight or self._receiving or self._prompt)
+
+    def _welcomed(self, message: np.ndarray) -> None:
+        try:
+            self._peer_route = ucx_worker.peer_route(message)
+        except ProtocolError as e:
+            self.violated(str(e))
+            return
+        if self.on_welcome is not None:
+            self.on_welcome(None)
+
+    def violated(self, reason: str) -> None:
+        self._violation = self._violation or reason
+        if self.on_welcome is not None:
+            self.on_welcome(f"protocol error: {reason}")
+
+    def endpoint_failed(self) -> None:
+        self._failed = self._failed or "the UCX endpoint failed"
+        if self.on_welcome is not None and not self._peer_route:
+            self.on_welcome(self._failed)
+
+    def _take_bulk(self, handle: int, offset: int, nbytes: int) -> memoryview:
+        """The bulk group the peer sent as message ``handle``: the frames.
+        The peer names it only once it has arrived whole."""
+        entry = self._bulk.pop(handle, None)
+        if entry is None or offset or not entry[0].completed:
+            raise ProtocolError(f"bulk message {handle} (offset {offset}) has not arrived")
+        request, buffer = entry
+        request.check_error()
+        self._bulk_bytes -= buffer.nbytes
+        if buffer.nbytes != nbytes:
+            raise ProtocolError(f"bulk message {handle} has {buffer.nbytes} bytes, not {nbytes}")
+        return buffer.data
+
+    # -- progress (on the engine's thread) ---------------------------------
+
+    def on_readable(self) -> bool:
+        if self.released:
+            return False
+        if self._violation is not None:
+            return self._fail(f"protocol error: {self._violation}", logging.WARNING, violation=True)
+        self._release_waiting()
+        self.resume_blocked_sends()
+        alive = super().on_readable()
+        if alive and self._failed is not None and not self._stream:
+            return self._fail(self._failed, logging.INFO)
+        return alive
+
+    def _receive_into(self, buffer: memoryview) -> int:
+        stream = self._stream
+        n = 0
+        while stream and n < buffer.nbytes:
+            chunk = stream[0]
+            take = min(chunk.nbytes, buffer.nbytes - n)
+            buffer[n : n + take] = chunk[:take]
+            n += take
+            if take == chunk.nbytes:
+                stream.popleft()
+            else:
+                stream[0] = chunk[take:]
+        if n:
+            return n
+        if self._end or self._failed is not None:
+            return 0
+        raise BlockingIOError
+
+    # -- ending ----------------------------------------------------------
+
+    def _shutdown(self, both: bool) -> None:
+        """End the output: an END behind every send in flight. (``both``
+        follows a failed send, already reported: release closes the endpoint.)"""
+        if both:
+            return
+        with self._worker.lock:
+            if self._inflight:
+                self._end_after_sends = True
+            else:
+                self._post_end()
+
+    def _close_transport(self) -> None:
+        self._decoder.placement = None
+        worker = self._worker
+        with worker.lock:
+            # The peer's UCX does not see an endpoint close while this
+            # process lives: the END tells it, behind what is in flight.
+            if self._peer_route and not self._ended and self._failed is None:
+                self._post_end()
+            endpoint, self._endpoint = self._endpoint, None
+            endpoint.remove_close_callback()
+            receives = [entry[:2] for entry in self._receiving] + list(self._bulk.values())
+            worker.remove(self, receives)
+            worker.retire(endpoint, [(entry[0], entry[2]) for entry in self._inflight])
+            self._inflight.clear()
+            self._receiving.clear()
+            self._prompt.clear()
+            self._bulk.clear()
+            self._stream.clear()
+        worker.settle()

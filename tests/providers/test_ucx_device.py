@@ -1,0 +1,62 @@
+"""A ucx device's own cases: hostile messages on its route, bulk groups out
+of band. The cases every provider shares are in test_base.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed.utils_test import gen_test
+from ucx_support import UCX_MISSING, lost, raw_send
+
+from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
+from dask_lcicomm.providers import ucx_context
+
+pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
+
+
+def _unsent_group() -> bytes:
+    """A parcel whose PLACED record names bulk message 7, never sent."""
+    parcel = OutgoingParcel(1, 0, [bytes(100_000)], 1024, 65536)
+    parcel.place(0, 7, 0)
+    units = []
+    while not parcel.done:
+        units.extend(bytes(b) for b in parcel.next_unit())
+    return b"".join(units)
+
+
+#: What a peer sends on its own route, as (data, kind, number).
+HOSTILE = {
+    "garbage in the stream": (b"not a parcel stream at all", ucx_context.STREAM, 0),
+    "placed group that never arrived": (_unsent_group(), ucx_context.STREAM, 0),
+    "bulk message over the limit": (bytes(2 << 20), ucx_context.BULK, 5),
+    "stream waiting for prompt messages never sent": (b"x", ucx_context.STREAM, 3),
+    "a second welcome": (bytes(4), ucx_context.CONTROL, ucx_context.WELCOME),
+    "an unknown control message": (b"", ucx_context.CONTROL, 9),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+@gen_test(timeout=30)
+async def test_a_hostile_ucx_peer_loses_its_device_alone(endpoint_pair, case):
+    """The device that received it closes, reporting a protocol violation;
+    a second device next to it keeps working."""
+    data, kind, number = HOSTILE[case]
+    limits = Limits(max_message_bytes=1 << 20)
+    with endpoint_pair("loop", provider="ucx", limits=limits) as (a, b), \
+            endpoint_pair("loop", provider="ucx") as (c, d):
+        raw_send(a, data, b.device.route, kind, number)
+        await b.wait_for(lambda ev: bool(lost(ev)))
+        assert lost(b.events)[0].violation, lost(b.events)
+        c.send(3, OutgoingParcel(3, 0, [b"still here", np.ones(200_000, np.uint8)], 1024, 65536))
+        await d.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
+
+
+@gen_test(timeout=30)
+async def test_a_small_parcel_passes_a_large_one_in_flight(endpoint_pair):
+    """The large parcel's bulk group travels out of band: the small parcel
+    written after it on another virtual connection is delivered first."""
+    with endpoint_pair("loop", provider="ucx") as (a, b):
+        a.send(1, OutgoingParcel(1, 0, [np.ones(64 << 20, np.uint8)], 1024, 65536))
+        a.send(2, OutgoingParcel(2, 0, [b"small"], 1024, 65536))
+        await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 2, timeout=30)
+        assert [e.vc for e in b.events if isinstance(e, Message)] == [2, 1]
