@@ -124,6 +124,21 @@ def endpoint_pair():
     return make
 
 
+@pytest.fixture
+def bare_end():
+    """``bare_end()``: an endpoint with an engine and no device yet (a
+    provider makes one with its options); closed after the test."""
+    made = []
+
+    def make(mode="loop"):
+        made.append(Endpoint(asyncio.get_running_loop(), None, mode))
+        return made[-1]
+
+    yield make
+    for end in made:
+        end.close()
+
+
 def shm_links(socks, layout):
     """Two ends of a shared-memory device in one process: each end receives
     in a segment of its own and writes into a second mapping of the other's."""

@@ -32,7 +32,8 @@ def test_defaults_come_from_the_shipped_yaml():
     shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks, settings.shm_budget)
     assert shm == (4 << 20, 256 << 20, 1024, 256 << 20)
     assert settings.ucx_options == (
-        ("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"), ("TLS", "^posix,sysv"),
+        ("TCP_CONN_NB", "y"), ("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"),
+        ("TLS", "^posix,sysv"),
     )
 
 
@@ -64,12 +65,13 @@ def test_dask_config_overrides():
         # Merged into the shipped options, by name.
         (
             "UCX_OPTIONS__TCP_TX_SEG_SIZE", "64k", "ucx_options",
-            [["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"], ["TLS", "^posix,sysv"]],
+            [["TCP_CONN_NB", "y"], ["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"],
+             ["TLS", "^posix,sysv"]],
         ),
         (
             "UCX_OPTIONS", '{"tls": "tcp", "ADAPTIVE_PROGRESS": False}', "ucx_options",
-            [["ADAPTIVE_PROGRESS", "n"], ["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "256k"],
-             ["TLS", "tcp"]],
+            [["ADAPTIVE_PROGRESS", "n"], ["TCP_CONN_NB", "y"], ["TCP_RX_SEG_SIZE", "256k"],
+             ["TCP_TX_SEG_SIZE", "256k"], ["TLS", "tcp"]],
         ),
     ],
 )

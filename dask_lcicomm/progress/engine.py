@@ -203,10 +203,10 @@ class _LoopDriver(Driver):
     def close(self) -> None:
         for device in list(self._devices):
             self.remove(device)
-        for source in self._sources:
+        sources, self._sources = self._sources, set()
+        for source in sources:
             self._loop.remove_reader(source.fileno())
             source.release()
-        self._sources.clear()
 
 
 class _PollDriver(Driver):
@@ -246,7 +246,7 @@ class _PollDriver(Driver):
 
     def _poll(self) -> None:
         # Every device is read below: what the sources name adds nothing.
-        for source in self._sources:
+        for source in list(self._sources):
             for _ in source.progress():
                 pass
         for device, writing in list(self._devices.items()):

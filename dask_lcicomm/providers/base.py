@@ -382,6 +382,16 @@ class Device(ABC):
             self.released = True
             self._close_transport()
 
+    def abandon(self) -> None:
+        """Release a device that was never handed to an owner: nobody is
+        told, since nobody knows of it."""
+        with self._lock:
+            self._lost = self._lost or "abandoned"
+            if self.released:
+                return
+            self.released = True
+            self._close_transport()
+
     def _fail(self, reason: str, level: int, violation: bool = False) -> bool:
         with self._lock:
             lost = self._lose(reason)

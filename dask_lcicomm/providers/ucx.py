@@ -96,7 +96,7 @@ class UcxProvider(Provider):
             if device is None:
                 worker.drop()
             else:
-                device.release()
+                device.abandon()
             if isinstance(e, ucx_context.setup_errors()):
                 raise ProviderUnavailable(f"UCX cannot reach the peer: {type(e).__name__}: {e}") from e
             raise
@@ -104,10 +104,10 @@ class UcxProvider(Provider):
         try:
             await asyncio.wait_for(welcomed, connect_timeout())
         except asyncio.TimeoutError as e:
-            device.release()
+            device.abandon()
             raise ProviderUnavailable(f"no UCX welcome within {connect_timeout()} s") from e
         except BaseException:
-            device.release()
+            device.abandon()
             raise
         device.on_welcome = None
         return device

@@ -342,19 +342,23 @@ class UcxWorker(SharedSource):
         self._loop.call_soon_threadsafe(self._hand_over, listener, device)
 
     def _hand_over(self, listener: Listener, device: RoutedDevice) -> None:
-        if listener in self._listeners.values():
+        """Give the listener its device, on the event loop."""
+        with self.lock:
+            listening = listener in self._listeners.values() and not device.released
+        if listening:
             listener.accepted(device)
         else:
-            device.release()
+            device.abandon()
 
     def release(self) -> None:
         with self.lock:
             if self._released:
                 return
             self._released = True
+            # The engine released the devices it had: these it never got.
             devices = list(self._routes.values())
         for device in devices:
-            device.release()
+            device.abandon()
         with self.lock:
             for endpoint, _, _ in self._retiring:
                 endpoint.close_blocking()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import socket
 import threading
@@ -13,8 +14,9 @@ from distributed.utils_test import gen_test
 
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.progress import ProgressEngine
-from dask_lcicomm.progress.completion import CompletionQueue
+from dask_lcicomm.progress.completion import CompletionQueue, make_completion
 from dask_lcicomm.progress.threads import _ProgressThread, _Run
+from dask_lcicomm.providers.base import SharedSource
 
 
 def _progress_threads():
@@ -175,3 +177,101 @@ def test_late_command_for_a_released_device_spares_the_one_reusing_its_descripto
         for sock in socks:
             sock.close()
     assert not run.thread.is_alive()
+
+
+class _PipeSource(SharedSource):
+    """A pipe standing for a fabric that many devices share: each byte
+    written names the device that has news."""
+
+    def __init__(self):
+        self._r, self.w = os.pipe()
+        os.set_blocking(self._r, False)
+        self.members = {}
+        self.progressed = 0
+        self.released = threading.Event()
+
+    def fileno(self):
+        return self._r
+
+    def progress(self):
+        self.progressed += 1
+        try:
+            data = os.read(self._r, 4096)
+        except BlockingIOError:
+            data = b""
+        return [self.members[key] for key in data if key in self.members]
+
+    def release(self):
+        os.close(self._r)
+        os.close(self.w)
+        self.released.set()
+
+
+class _Member:
+    """A device of a shared source: it has no descriptor of its own."""
+
+    watch_writable = False
+    input_pending = False
+
+    def __init__(self, source, key):
+        self.source = source
+        self.released = False
+        self.reads = 0
+        source.members[key] = self
+
+    def fileno(self):
+        raise AssertionError("a device of a shared source is not waited on")
+
+    def on_readable(self):
+        self.reads += 1
+        return True
+
+    def release(self):
+        self.released = True
+
+
+async def _until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread", "poll"])
+@gen_test(timeout=30)
+async def test_a_shared_source_serves_its_devices_until_its_last_holder_lets_go(mode):
+    """One descriptor for many devices: the engine progresses the source,
+    reads the devices it names, and releases it when the last holder drops
+    it (then its progress thread exits); a source let go is never handed
+    out again."""
+    loop = asyncio.get_running_loop()
+    engine = ProgressEngine(loop, mode, make_completion("queue", loop, lambda batch: None,
+                                                        threadsafe=mode == "thread"))
+    try:
+        source = engine.shared("pipe", _PipeSource)
+        assert engine.shared("pipe", _PipeSource) is source
+        first, second = _Member(source, 1), _Member(source, 2)
+        engine.add(first)
+        engine.add(second)
+        os.write(source.w, b"\x02")
+        await _until(lambda: second.reads >= 1)
+        if mode != "poll":
+            assert first.reads == 0
+        before = source.progressed
+        engine.kick(source)
+        await _until(lambda: source.progressed > before)
+        engine.remove(first)
+        engine.remove(second)
+        await _until(lambda: first.released and second.released)
+        engine.drop(source)
+        assert not source.released.is_set(), "released while still held"
+        engine.drop(source)
+        await _until(source.released.is_set)
+        assert not engine.hold(source)
+        await _until(lambda: not _progress_threads())
+        again = engine.shared("pipe", _PipeSource)
+        assert again is not source
+        engine.drop(again)
+        await _until(again.released.is_set)
+    finally:
+        engine.close()
