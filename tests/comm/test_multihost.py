@@ -83,14 +83,18 @@ def _check_providers(client: Client, worker_a: str, worker_b: str, between_hosts
 def test_no_ucx_path_to_a_peer_is_a_clear_error_at_once(tmp_path, monkeypatch):
     """Peers on fabrics that do not meet: UCX in the root namespace offers
     only eth0 and lo (it does not list the bridge the simulated hosts hang
-    on), so it has no path to a host's scheduler. With ucx as the only
-    provider the connect fails within 5 s, naming ucx (no 30 s retry loop)."""
+    on), so it has no path to a host's scheduler. UCX says so at once when it
+    finds no common transport; otherwise its connection attempt stalls (the
+    simulated host cannot answer eth0's address) and the welcome is awaited
+    for Dask's connect timeout, here 3 s. Either way, with ucx as the only
+    provider the connect fails within 5 s, naming ucx (no retry loop)."""
     monkeypatch.setenv("DASK_DISTRIBUTED__COMM__LCI__PROVIDERS", '["shm", "ucx", "tcp"]')
     with virtual_hosts(1, private_shm=True) as (a,), Procs(tmp_path) as procs:
         address = start_cluster(procs, "lci", a.address, [a.address], netns={a.address: a})
 
         async def connect_here() -> None:
-            with dask.config.set({"distributed.comm.lci.providers": ["ucx"]}):
+            with dask.config.set({"distributed.comm.lci.providers": ["ucx"],
+                                  "distributed.comm.timeouts.connect": "3s"}):
                 await connect(address, timeout=30)
 
         start = time.monotonic()
