@@ -70,6 +70,12 @@ _PROGRESS_ROUNDS = 16
 _RETIRE_S = 10.0
 
 
+@functools.cache
+def _hello_errors() -> tuple[type[BaseException], ...]:
+    """What a malformed or unanswerable HELLO raises: it is ignored."""
+    return (KeyError, TypeError, *setup_errors())
+
+
 class RoutedDevice(Device):
     """A device of the shared worker: what the worker asks of it. The worker
     calls these under its lock."""
@@ -184,7 +190,11 @@ class UcxWorker(SharedSource):
 
     def settle(self) -> None:
         """Let go of the holds of the endpoints closed since (not under the
-        lock: the last one releases the worker)."""
+        lock: the last one releases the worker). Read first without the lock,
+        as every progress pass calls it: whoever closes an endpoint settles
+        after it, so a count another thread is adding is not missed."""
+        if not self._drops:
+            return
         with self.lock:
             drops, self._drops = self._drops, 0
         for _ in range(drops):
@@ -269,13 +279,12 @@ class UcxWorker(SharedSource):
             self._orphans = [entry for entry in self._orphans if not entry[0].completed]
         if self._retiring:
             self._close_retired()
-        refused: tuple[type[BaseException], ...] = (KeyError, TypeError, *setup_errors())
         while self._hellos and self._hellos[0][0].completed:
             request, buffer = self._hellos.popleft()
             try:
                 request.check_error()
                 self._welcome(json.loads(buffer.tobytes()))
-            except refused as e:
+            except _hello_errors() as e:
                 logger.info("ignoring a UCX hello: %s: %s", type(e).__name__, e)
 
     def _take_arrivals(self, news: set[Device]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 
@@ -14,6 +15,19 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import ucx_context
 
 pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
+
+
+@contextlib.contextmanager
+def _endpoint_of(intruder, worker):
+    """An endpoint from ``intruder``'s worker to ``worker``, closed after."""
+    own = intruder.device.source
+    with own.lock:
+        endpoint = own.endpoint(worker.address)
+    try:
+        yield endpoint
+    finally:
+        with own.lock:
+            endpoint.close_blocking()
 
 
 def _parcel_bytes(vc: int, seq: int, payload: bytes) -> bytes:
@@ -29,10 +43,9 @@ async def test_a_peer_cannot_inject_into_another_peers_conversation(endpoint_pai
     that claims to be ``a``: b's conversation with a sees none of it, and the
     worker drops each message unread."""
     with endpoint_pair("loop", provider="ucx") as (a, b), \
-            endpoint_pair("loop", provider="ucx") as (intruder, _):
+            endpoint_pair("loop", provider="ucx") as (intruder, _), \
+            _endpoint_of(intruder, b.device.source) as endpoint:
         worker = b.device.source
-        with intruder.device.source.lock:
-            endpoint = intruder.device.source.endpoint(worker.address)
         forged = _parcel_bytes(1, 0, b"forged")
         guesses = {b.device.route ^ (1 << bit) for bit in range(32)} | {
             random.getrandbits(32) | 1 for _ in range(200)
@@ -55,8 +68,6 @@ async def test_a_peer_cannot_inject_into_another_peers_conversation(endpoint_pai
                 break
             await asyncio.sleep(0.1)
         assert not worker._orphans, "dropped messages still held"
-        with intruder.device.source.lock:
-            endpoint.close_blocking()
 
 
 @gen_test(timeout=60)
@@ -64,10 +75,9 @@ async def test_malformed_hellos_are_dropped_and_the_worker_keeps_serving(endpoin
     """A hello is bounded and checked before it makes anything: none of
     these makes a device, and the conversation beside them goes on."""
     with endpoint_pair("loop", provider="ucx") as (a, b), \
-            endpoint_pair("loop", provider="ucx") as (intruder, _):
+            endpoint_pair("loop", provider="ucx") as (intruder, _), \
+            _endpoint_of(intruder, b.device.source) as endpoint:
         worker = b.device.source
-        with intruder.device.source.lock:
-            endpoint = intruder.device.source.endpoint(worker.address)
         good = {"address": a.device.source.address, "listener": 1, "route": 7,
                 "local": "lci://a:1", "peer": "lci://b:1"}
         hellos = [
@@ -87,6 +97,4 @@ async def test_malformed_hellos_are_dropped_and_the_worker_keeps_serving(endpoin
         await asyncio.sleep(0.5)
         assert set(worker._routes) == {b.device.route}
         assert not lost(b.events)
-        with intruder.device.source.lock:
-            endpoint.close_blocking()
 
