@@ -12,7 +12,7 @@ from _gradients import assert_gradient_matches
 from dask_lcicomm.asap.mlp import MLP
 
 SMALL = MLP(inputs=6, hidden=16, classes=3, nworkers=3, samples_per_worker=300, n_test=300,
-            eval_per_worker=50)
+            eval_samples_total=150)
 
 
 def test_data_is_deterministic_and_shards_differ():

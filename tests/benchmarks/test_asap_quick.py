@@ -5,15 +5,18 @@ timings."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from distributed import Client
 
 from benchmarks._asap_testbed import SUBNET
 from benchmarks._asap_testbed import testbed as asap_testbed
+from benchmarks.asap import default_time_limit, rate_bits
 from dask_lcicomm.testing.netns import gateway_address, unavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +28,8 @@ KEYS = {"model", "mode", "graph", "degree_budget", "workers", "reached_target", 
 def test_quick_asap_benchmark_writes_records_and_plots(tmp_path):
     out = tmp_path / "asap.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "asap", "--quick", "--loopback", "--workers", "4",
+        [sys.executable, "-m", "benchmarks", "asap", "--quick", "--cases", "transient,straggler",
+         "--loopback", "--workers", "4",
          "--features", "2048", "--samples", "256", "--rounds", "15", "--straggler-rounds", "8",
          "--compute-ms", "2", "--target-rel", "0.6", "--start-delay", "0.5",
          "--json", str(out), "--plot", str(tmp_path)],
@@ -121,3 +125,30 @@ def test_testbed_is_removed_when_its_body_is_interrupted(tmp_path, loopback):
 def _processes_under(logdir: Path) -> str:
     """Testbed processes whose command line names ``logdir`` (every one does)."""
     return subprocess.run(["pgrep", "-f", str(logdir)], capture_output=True, text=True).stdout.strip()
+
+
+def test_testbed_workers_get_the_environment_a_nanny_gives(tmp_path):
+    """One BLAS thread per worker, as Dask's nanny would set: the workers run
+    without one, and a second OpenBLAS thread per worker spins between steps."""
+    with asap_testbed(1, "lci", None, tmp_path, loopback=True) as bed, Client(bed.scheduler) as client:
+        seen = client.run(lambda: {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")})
+    assert list(seen.values()) == [{"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}]
+
+
+@pytest.mark.parametrize(("rate", "bits"), [("100mbit", 1e8), ("1gbit", 1e9), ("10Gbit", 1e10),
+                                            ("500kbit", 5e5), ("2mbps", 1.6e7)])
+def test_tc_rates_are_read_in_bits_per_second(rate, bits):
+    assert rate_bits(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["fast", "100", "100 furlongs", ""])
+def test_a_rate_tc_would_not_take_is_refused(rate):
+    with pytest.raises(ValueError, match="not a tc rate"):
+        rate_bits(rate)
+
+
+def test_the_default_time_limit_lets_bsp_move_its_rounds_of_models():
+    # 32 hosts at 100 mbit, 256 KiB models: 31 of them a round are 0.65 s of egress
+    assert default_time_limit(32, 220, 2**18, "100mbit") == pytest.approx(2 * 220 * 31 * 2**21 / 1e8)
+    assert default_time_limit(8, 220, 2**18, "100mbit") == 150.0  # the floor
+    assert default_time_limit(32, 220, 2**18, None) == 150.0  # loopback: no rate to wait for
