@@ -164,7 +164,7 @@ def _budget_command(commands: argparse._SubParsersAction) -> None:
         "budget",
         help="where a small-message round trip spends its time, by category",
         description="Profile both peers of the ping-pong with py-spy (8 B, 1 KiB and 16 KiB "
-        "payloads; lci over shm, the same with shm-poll-window=500us or progress=thread, lci "
+        "payloads; lci over shm, the same with shm.poll-window=500us or progress=thread, lci "
         "over its tcp provider, tcp, ucxx, and floor: Dask's serialization over bare asyncio "
         "streams, the least a Dask comm does) and print the us per round trip of serialization, event-loop "
         "hops, syscalls and doorbells, the lci codec and layers, Dask's comm layer and the "

@@ -8,9 +8,9 @@ Each configuration runs in a fresh interpreter of its own (the workers
 inherit its environment), in alternating order per round:
 
 * ``tcp`` and ``lci``: Dask's comm and ours, as configured by default;
-* ``lci-keep``: lci with ``shm-release-after: 0``, idle shared memory kept
+* ``lci-keep``: lci with ``shm.release-after: 0``, idle shared memory kept
   until the devices close (as before it was given back);
-* ``lci-unbounded``: lci with an ``shm-budget`` of 1 TiB, so that every
+* ``lci-unbounded``: lci with an ``shm.budget`` of 1 TiB, so that every
   process lends as much as its pools hold (as before the budget).
 
 The work: ``dd.from_pandas`` of ``--rows`` rows (``c0``..``c7`` float64, key
@@ -43,8 +43,8 @@ MiB = 1 << 20
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "tcp": ("tcp", {}),
     "lci": ("lci", {}),
-    "lci-keep": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM_RELEASE_AFTER": "0"}),
-    "lci-unbounded": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM_BUDGET": "1TiB"}),
+    "lci-keep": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM__RELEASE_AFTER": "0"}),
+    "lci-unbounded": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM__BUDGET": "1TiB"}),
 }
 SAMPLE_S = 0.2
 AFTER_S = 3.0

@@ -121,9 +121,9 @@ VARIANTS = (
     Variant.of("fragment-4MiB", {"fragment-size": "4MiB"}),
     # How long a shm receiver keeps polling after traffic instead of
     # sleeping (the shipped default is 0: no polling).
-    Variant.of("poll-100us", {"shm-poll-window": "100us"}),
-    Variant.of("poll-500us", {"shm-poll-window": "500us"}),
-    Variant.of("poll-2ms", {"shm-poll-window": "2ms"}),
+    Variant.of("poll-100us", {"shm.poll-window": "100us"}),
+    Variant.of("poll-500us", {"shm.poll-window": "500us"}),
+    Variant.of("poll-2ms", {"shm.poll-window": "2ms"}),
     # Shared memory against tcp alone on one host (tcp always carries the
     # greeting); one of the two restates the shipped default.  UCX needs the
     # ucx extra (ucxx).

@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import dask
@@ -89,7 +90,7 @@ class Duration(Kind):
     def parse(self, key: str, value: Any) -> float:
         try:
             seconds = float(parse_timedelta(value, default="s"))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, KeyError) as e:  # KeyError: an unknown unit
             raise ValueError(f"{PREFIX}.{key} must be a duration, got {value!r}") from e
         return _at_least(key, seconds, 0)
 
@@ -126,32 +127,6 @@ class Providers(Kind):
         return names
 
 
-@dataclass(frozen=True)
-class UcxOptions(Kind):
-    """UCX's option names (upper case, ``_`` for ``-``, ``UCX_`` dropped)
-    with values as strings. Names that differ only in spelling are refused:
-    Dask merges configuration sources by name up to ``-``/``_`` but not case,
-    so which of them came last is unknown here."""
-
-    def accepts(self) -> str:
-        return "a mapping of UCX option names (without `UCX_`) to values"
-
-    def parse(self, key: str, value: Any) -> tuple[tuple[str, str], ...]:
-        if not isinstance(value, dict):
-            raise ValueError(f"{PREFIX}.{key} must be a mapping of UCX options, got {value!r}")
-        options: dict[str, str] = {}
-        spelled: dict[str, str] = {}
-        for name, setting in value.items():
-            option = str(name).upper().replace("-", "_").removeprefix("UCX_")
-            if not option.replace("_", "").isalnum() or not isinstance(setting, (str, int, float)):
-                raise ValueError(f"{PREFIX}.{key}: {name!r}: {setting!r} is not a UCX option")
-            if option in spelled:
-                raise ValueError(f"{PREFIX}.{key} sets {option} twice: as {spelled[option]!r} and {name!r}")
-            spelled[option] = str(name)
-            options[option] = ("y" if setting else "n") if isinstance(setting, bool) else str(setting)
-        return tuple(sorted(options.items()))
-
-
 _Number = TypeVar("_Number", int, float)
 
 
@@ -177,13 +152,6 @@ OPTIONS: dict[str, Kind] = {
     "max-message-bytes": Integer(size=True),
     "max-frames": Integer(),
     "max-eager-bytes": Integer(size=True),
-    "shm-ring-size": Integer(size=True),
-    "shm-pool-size": Integer(least=0, size=True),
-    "shm-pool-blocks": Integer(),
-    "shm-budget": Integer(least=0, size=True),
-    "shm-poll-window": Duration(),
-    "shm-release-after": Duration(),
-    "ucx-options": UcxOptions(),
 }
 
 
@@ -204,14 +172,10 @@ class Settings:
     max_message_bytes: int
     max_frames: int
     max_eager_bytes: int
-    shm_ring_size: int
-    shm_pool_size: int
-    shm_pool_blocks: int
-    shm_budget: int
-    shm_poll_window: float
-    shm_release_after: float
-    #: (UCX name without the ``UCX_`` prefix, value) pairs, in name order.
-    ucx_options: tuple[tuple[str, str], ...]
+    #: Each provider's section (``distributed.comm.lci.<provider>``) as
+    #: configured, merged over its defaults; the provider validates it
+    #: (:class:`Section`).
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -220,6 +184,57 @@ class Settings:
         # before this package was imported (test harnesses do) lacks them.
         # Keys are normalised to hyphens: a DASK_..._EAGER_THRESHOLD variable
         # read before the defaults were registered arrives as eager_threshold.
-        user = dask.config.get(PREFIX, default={})
-        c = {**DEFAULTS, **{key.replace("_", "-"): value for key, value in user.items()}}
-        return cls(**{key.replace("-", "_"): kind.parse(key, c[key]) for key, kind in OPTIONS.items()})
+        user = _hyphenated(dask.config.get(PREFIX, default={}))
+        for old, new in RENAMED.items():
+            if old in user:
+                raise ValueError(f"{PREFIX}.{old} is now {PREFIX}.{new}")
+        c = {**DEFAULTS, **user}
+        sections = {name: _section(name, user.get(name, {})) for name in SECTIONS}
+        return cls(**{key.replace("-", "_"): kind.parse(key, c[key]) for key, kind in OPTIONS.items()},
+                   sections=sections)
+
+
+def _hyphenated(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``-`` for ``_`` in its keys, at every level: an
+    environment variable read before the defaults were registered arrives as
+    ``eager_threshold``, and a section's keys may too."""
+    return {key.replace("_", "-"): _hyphenated(value) if isinstance(value, Mapping) else value
+            for key, value in config.items()}
+
+
+def _section(name: str, user: Any) -> dict[str, Any]:
+    """Section ``name`` as configured, over its defaults option by option."""
+    if not isinstance(user, Mapping):
+        raise ValueError(f"{PREFIX}.{name} must be a mapping of options, got {user!r}")
+    return {**DEFAULTS[name], **user}
+
+
+#: The sections of ``lci.yaml``: one per provider with options of its own.
+SECTIONS = tuple(key for key, value in DEFAULTS.items() if isinstance(value, dict))
+
+#: Options that moved into their provider's section.
+RENAMED = {
+    **{f"shm-{key}": f"shm.{key}" for key in DEFAULTS["shm"]},
+    "ucx-options": "ucx.options",
+}
+
+
+@dataclass(frozen=True)
+class Section:
+    """The options of one provider, ``distributed.comm.lci.<name>.*``: the
+    provider declares and validates them, so this module knows no provider."""
+
+    name: str
+    options: Mapping[str, Kind]
+
+    def parse(self, settings: Settings) -> dict[str, Any]:
+        """The section's values in ``settings``, validated, by field name
+        (``-`` as ``_``); ``ValueError`` naming the option if one is not
+        valid or not known."""
+        raw = settings.sections.get(self.name, {})
+        unknown = sorted(set(raw) - set(self.options))
+        if unknown:
+            raise ValueError(f"{PREFIX}.{self.name} has no option {', '.join(unknown)}; "
+                             f"it has {', '.join(self.options)}")
+        return {key.replace("-", "_"): kind.parse(f"{self.name}.{key}", raw[key])
+                for key, kind in self.options.items()}

@@ -43,6 +43,7 @@ from dask_lcicomm.link_protocol import (
 )
 from dask_lcicomm.loop_close import LoopCloseHook
 from dask_lcicomm.progress import ProgressEngine, make_completion
+from dask_lcicomm.providers import registry
 from dask_lcicomm.providers.base import Device, DeviceClosed, DeviceLost, SendDone
 from dask_lcicomm.providers.send_queue import Raw, Unit
 from dask_lcicomm.vconn import VirtualConnection
@@ -65,7 +66,7 @@ class Parcelport:
         loop = asyncio.get_running_loop()
         port = cls._ports.get(loop)
         if port is None:
-            port = cls._ports[loop] = cls(loop, Settings.from_config())
+            port = cls._ports[loop] = cls(loop, registry.checked(Settings.from_config()))
         return port
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settings: Settings) -> None:

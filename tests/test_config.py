@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
-import os
 import pkgutil
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import dask
 import pytest
+from config_support import read_in_a_fresh_process
 
-from dask_lcicomm.config import DEFAULTS, OPTIONS, Settings
+from dask_lcicomm.config import DEFAULTS, OPTIONS, SECTIONS, Settings
 from dask_lcicomm.providers import registry
-
-_PRINT_SETTINGS = (
-    "import dataclasses, json; from dask_lcicomm.config import Settings; "
-    "print(json.dumps(dataclasses.asdict(Settings.from_config())))"
-)
 
 
 def test_defaults_come_from_the_shipped_yaml():
@@ -29,12 +21,7 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
     assert settings.eager_threshold == 64 * 1024
     assert settings.providers == ("shm", "tcp")
-    shm = (settings.shm_ring_size, settings.shm_pool_size, settings.shm_pool_blocks, settings.shm_budget)
-    assert shm == (4 << 20, 256 << 20, 1024, 256 << 20)
-    assert settings.ucx_options == (
-        ("TCP_CONN_NB", "y"), ("TCP_RX_SEG_SIZE", "256k"), ("TCP_TX_SEG_SIZE", "256k"),
-        ("TLS", "^posix,sysv"),
-    )
+    assert set(settings.sections) == set(SECTIONS) == {"shm", "ucx"}
 
 
 def test_dask_config_overrides():
@@ -56,32 +43,11 @@ def test_dask_config_overrides():
         ("AGGREGATION", "false", "aggregation", False),
         ("PROVIDERS", "[tcp]", "providers", ["tcp"]),
         ("PROVIDERS", "tcp,shm", "providers", ["tcp", "shm"]),
-        ("SHM_RING_SIZE", "1MiB", "shm_ring_size", 1 << 20),
-        ("SHM_POOL_SIZE", "10000", "shm_pool_size", 10000),
-        ("SHM_POOL_BLOCKS", "7", "shm_pool_blocks", 7),
-        ("SHM_BUDGET", "1TiB", "shm_budget", 1 << 40),
-        ("SHM_POLL_WINDOW", "250us", "shm_poll_window", 250e-6),
-        ("SHM_POLL_WINDOW", "0", "shm_poll_window", 0.0),
-        # Merged into the shipped options, by name.
-        (
-            "UCX_OPTIONS__TCP_TX_SEG_SIZE", "64k", "ucx_options",
-            [["TCP_CONN_NB", "y"], ["TCP_RX_SEG_SIZE", "256k"], ["TCP_TX_SEG_SIZE", "64k"],
-             ["TLS", "^posix,sysv"]],
-        ),
-        (
-            "UCX_OPTIONS", '{"tls": "tcp", "ADAPTIVE_PROGRESS": False}', "ucx_options",
-            [["ADAPTIVE_PROGRESS", "n"], ["TCP_CONN_NB", "y"], ["TCP_RX_SEG_SIZE", "256k"],
-             ["TCP_TX_SEG_SIZE", "256k"], ["TLS", "tcp"]],
-        ),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
-    env = {**os.environ, f"DASK_DISTRIBUTED__COMM__LCI__{variable}": value}
-    out = subprocess.run(
-        [sys.executable, "-c", _PRINT_SETTINGS], env=env, capture_output=True, text=True,
-        check=True, timeout=60,
-    ).stdout
-    assert json.loads(out)[field] == expected
+    settings = read_in_a_fresh_process("dataclasses.asdict(Settings.from_config())", **{variable: value})
+    assert settings[field] == expected
 
 
 @pytest.mark.parametrize(
@@ -91,19 +57,10 @@ def test_environment_variables_override(variable, value, field, expected):
         ("completion", "maybe", "completion"),
         ("providers", ["carrier-pigeon"], "providers"),
         ("providers", [], "at least one provider"),
-        ("shm-ring-size", 0, "shm-ring-size"),
-        ("shm-pool-size", -1, "shm-pool-size"),
-        ("shm-pool-blocks", 0, "shm-pool-blocks"),
-        ("shm-budget", -1, "shm-budget"),
-        ("shm-poll-window", "-1ms", "shm-poll-window"),
         ("ndevices", 0, "ndevices"),
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),
         ("aggregation", "sometimes", "aggregation"),
-        ("ucx-options", "TLS=tcp", "ucx-options must be a mapping"),
-        ("ucx-options", {"TLS tcp": "x"}, "is not a UCX option"),
-        ("ucx-options", {"TLS": ["tcp"]}, "is not a UCX option"),
-        ("ucx-options", {"tls": "tcp", "UCX_TLS": "sm"}, "sets TLS twice"),
     ],
 )
 def test_invalid_values_are_refused(key, value, message):
@@ -111,9 +68,46 @@ def test_invalid_values_are_refused(key, value, message):
         Settings.from_config()
 
 
-def test_every_shipped_option_is_declared_once_as_a_setting():
-    assert list(DEFAULTS) == list(OPTIONS)
-    assert [f.name for f in dataclasses.fields(Settings)] == [key.replace("-", "_") for key in OPTIONS]
+@pytest.mark.parametrize(("old", "new"), [("shm-ring-size", "shm.ring-size"),
+                                          ("shm-release-after", "shm.release-after"),
+                                          ("ucx-options", "ucx.options")])
+def test_an_option_that_moved_into_its_providers_section_says_where(old, new):
+    with dask.config.set({f"distributed.comm.lci.{old}": "1"}), pytest.raises(
+        ValueError, match=f"distributed.comm.lci.{old} is now distributed.comm.lci.{new}"
+    ):
+        Settings.from_config()
+
+
+def test_every_shipped_option_is_declared_once_as_a_setting_or_a_section():
+    assert [key for key in DEFAULTS if key not in SECTIONS] == list(OPTIONS)
+    fields = [f.name for f in dataclasses.fields(Settings)]
+    assert fields == [key.replace("-", "_") for key in OPTIONS] + ["sections"]
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_every_section_is_declared_by_its_provider(name):
+    """The provider of each section validates exactly the shipped options."""
+    section = registry.get(name).section
+    assert section is not None and section.name == name
+    assert list(section.options) == list(DEFAULTS[name])
+    assert set(section.parse(Settings.from_config())) == {key.replace("-", "_") for key in DEFAULTS[name]}
+
+
+def test_a_section_refuses_an_option_it_does_not_have():
+    """A misspelt option is an error, not a silent default."""
+    with dask.config.set({"distributed.comm.lci.shm.rign-size": "1MiB"}):
+        settings = Settings.from_config()
+    with pytest.raises(ValueError, match=r"distributed\.comm\.lci\.shm has no option rign-size; it has ring"):
+        registry.checked(settings)
+
+
+def test_the_listed_providers_options_are_checked_before_anything_opens():
+    with dask.config.set({"distributed.comm.lci.shm.ring-size": 0}):
+        with pytest.raises(ValueError, match=r"distributed\.comm\.lci\.shm\.ring-size must be >= 1"):
+            registry.checked(Settings.from_config())
+        # Not listed, not checked: its options cannot matter.
+        with dask.config.set({"distributed.comm.lci.providers": ["tcp"]}):
+            assert registry.checked(Settings.from_config()).providers == ("tcp",)
 
 
 def test_the_providers_option_names_every_provider_there_is():

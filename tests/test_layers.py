@@ -87,10 +87,18 @@ def test_only_the_registry_names_providers():
     """The parcelport, channels and the comm layer reach fabrics only
     through the registry: a new fabric is a new module, nothing else."""
     graph = _graph()
-    concrete = {"dask_lcicomm.providers.tcp", "dask_lcicomm.providers.shm"}
+    interface = {f"dask_lcicomm.providers.{name}" for name in ("registry", "base", "send_queue")}
+    concrete = {name for name in graph if name.startswith("dask_lcicomm.providers.")} - interface
+    assert {"dask_lcicomm.providers.tcp", "dask_lcicomm.providers.ucx_options"} <= concrete
     for name, imported in graph.items():
         if not name.startswith("dask_lcicomm.providers"):
             assert not imported & concrete, f"{name} imports {imported & concrete}"
+
+
+def test_the_configuration_is_the_bottom_layer():
+    """Providers declare and validate their own options: the configuration
+    module imports nothing of the package, no provider above all."""
+    assert _graph()["dask_lcicomm.config"] == set()
 
 
 def test_the_codec_is_layered():

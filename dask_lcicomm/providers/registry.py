@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dask_lcicomm.config import Settings
+from dask_lcicomm.config import Section, Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class Provider(ABC):
     """One fabric: how to accept and how to connect devices over it."""
 
     name: str
+    #: The options the provider declares (``distributed.comm.lci.<name>.*``), if any.
+    section: Section | None = None
 
     def unavailable(self) -> str | None:
         """Why this process cannot use the provider at all, or None."""
@@ -133,6 +135,16 @@ def get(name: str) -> Provider:
     if not isinstance(provider, Provider):
         raise ValueError(f"{module.__name__}.PROVIDER is not a Provider")
     return provider
+
+
+def checked(settings: Settings) -> Settings:
+    """``settings``, once the options of every provider it lists are valid:
+    else ``ValueError`` naming the option, before anything opens."""
+    for name in settings.providers:
+        section = get(name).section
+        if section is not None:
+            section.parse(settings)
+    return settings
 
 
 def upgrades(settings: Settings) -> list[Provider]:

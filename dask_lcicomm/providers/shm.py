@@ -49,6 +49,7 @@ except ImportError as e:
 
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
 from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
+from dask_lcicomm.providers.shm_options import SECTION, ShmOptions
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
@@ -307,6 +308,7 @@ class ShmProvider(Provider):
     """Shared memory with a peer that proves it runs on this host."""
 
     name = "shm"
+    section = SECTION
 
     def unavailable(self) -> str | None:
         return unavailable()
@@ -343,22 +345,22 @@ class ShmProvider(Provider):
 def _device(link: ShmLink, options: DeviceOptions, settings: Settings) -> ShmDevice:
     """A device as configured: the event loop's releaser unless idle memory
     is kept, and the process's budget."""
-    release = releaser(settings.shm_release_after) if settings.shm_release_after else None
-    return ShmDevice(link, options, _poll_window(settings), release, budget(settings.shm_budget))
+    shm = ShmOptions.of(settings)
+    release = releaser(shm.release_after) if shm.release_after else None
+    return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget))
 
 
 def _layout(settings: Settings) -> Layout:
     """The configured sizes, in whole pages (segments are mapped by the page)."""
-    return Layout(
-        round_up(settings.shm_ring_size), round_up(settings.shm_pool_size), settings.shm_pool_blocks
-    )
+    shm = ShmOptions.of(settings)
+    return Layout(round_up(shm.ring_size), round_up(shm.pool_size), shm.pool_blocks)
 
 
-def _poll_window(settings: Settings) -> float:
+def _poll_window(settings: Settings, shm: ShmOptions) -> float:
     """How long a device polls after traffic: only when the event loop makes
     progress. A progress thread polling would hold the GIL the event loop
     needs (8 B round trips measured 4.3x slower than without)."""
-    return settings.shm_poll_window if settings.progress == "loop" else 0.0
+    return shm.poll_window if settings.progress == "loop" else 0.0
 
 
 PROVIDER = ShmProvider()

@@ -4,7 +4,7 @@ Every pool block a sender lends stays committed until the receiver frees the
 objects made of it, and Dask keeps what it receives: without a bound, a
 process's shared memory would grow with its number of peers and with how
 long its peers keep its frames. So the senders of one process share one
-budget (``distributed.comm.lci.shm-budget``): a large frame goes into a pool
+budget (``distributed.comm.lci.shm.budget``): a large frame goes into a pool
 block only while the blocks lent and the rings written since they were last
 given back stay within it; otherwise it travels through the ring and the
 receiver copies it into private memory, as ``tcp://`` receives it.

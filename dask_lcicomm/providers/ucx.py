@@ -21,6 +21,7 @@ from dask_lcicomm.providers import ucx_context
 from dask_lcicomm.providers.base import Device, DeviceOptions, connect_timeout
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.ucx_device import UcxDevice
+from dask_lcicomm.providers.ucx_options import SECTION
 from dask_lcicomm.providers.ucx_worker import Listener, UcxWorker
 
 
@@ -42,6 +43,7 @@ class UcxProvider(Provider):
     """UCX with a peer whose listener offers it and that UCX can reach."""
 
     name = "ucx"
+    section = SECTION
 
     def unavailable(self) -> str | None:
         return ucx_context.unavailable()

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import threading
 from typing import Any
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers.registry import ProviderUnavailable
+from dask_lcicomm.providers.ucx_options import UcxOptions
 
 #: Message kinds. A stream message carries bytes of the parcel stream;
 #: a bulk message one bulk group of a parcel (prompt: its parcel follows at
@@ -61,16 +61,9 @@ def any_tag() -> tuple[Any, Any]:
     return bindings().UCXXTag(0), bindings().UCXXTagMask(0)
 
 
-def context_options(settings: Settings) -> dict[str, str]:
-    """The UCX options ``distributed.comm.lci.ucx-options`` sets, but for
-    those a ``UCX_<NAME>`` environment variable sets: given to the context,
-    they would override it."""
-    return {name: value for name, value in settings.ucx_options if f"UCX_{name}" not in os.environ}
-
-
 class _Context:
     """The process's UCX context, created on first use and kept: UCX reads
-    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx-options``)
+    its configuration (``UCX_TLS``, ``UCX_NET_DEVICES``, ``ucx.options``)
     once, when it opens."""
 
     _lock = threading.Lock()
@@ -84,7 +77,7 @@ class _Context:
                 options: dict[str, str] = {}
                 try:
                     ucx = bindings()
-                    options = context_options(Settings.from_config())
+                    options = UcxOptions.of(Settings.from_config()).context_options()
                     cls._context = ucx.UCXContext(
                         options, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP)
                     )

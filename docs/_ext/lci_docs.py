@@ -2,7 +2,8 @@
 
 * ``_generated/configuration.md``: one row per option of ``lci.yaml``, with
   its default, what the option's own validation accepts
-  (:data:`dask_lcicomm.config.OPTIONS`) and the comment above it in the YAML.
+  (:data:`dask_lcicomm.config.OPTIONS`, a provider's ``section``) and the
+  comment above it in the YAML.
 * ``_generated/results/<run>.md``: every run saved in ``docs/results/``, as
   ``python -m benchmarks report`` writes it, figures included.
 * ``_generated/asap/<run>.md``: the table of each ASAP run in
@@ -23,27 +24,42 @@ from typing import Any
 import yaml
 
 from benchmarks.report import markdown_table, records_table, write_page
-from dask_lcicomm.config import DEFAULTS, OPTIONS
+from dask_lcicomm.config import DEFAULTS, OPTIONS, SECTIONS, Kind
+from dask_lcicomm.providers import registry
 
-_KEY = re.compile(r"^ {6}([a-z][a-z-]*):")
-_COMMENT = re.compile(r"^ {6}# ?(.*)$")
+_KEY = re.compile(r"^( {6}| {8})([a-z][a-z-]*):")
+_COMMENT = re.compile(r"^( {6}| {8})# ?(.*)$")
 
 
 def option_comments(text: str) -> dict[str, str]:
     """The comment block above each option in ``lci.yaml`` (a block is
-    shared by the options that follow it up to the next block)."""
+    shared by the options that follow it up to the next block), by dotted
+    key: a provider's section's options as ``<section>.<option>``."""
     comments: dict[str, str] = {}
     block: list[str] = []
-    current = ""
+    current, section = "", ""
     for line in text.splitlines():
         if m := _COMMENT.match(line):
-            block.append(m.group(1))
+            block.append(m.group(2))
         elif m := _KEY.match(line):
             if block:
                 current = " ".join(block)
                 block = []
-            comments[m.group(1)] = current
+            nested = len(m.group(1)) == 8
+            if not nested:
+                section = m.group(2)
+            comments[f"{section}.{m.group(2)}" if nested else m.group(2)] = current
     return comments
+
+
+def _options() -> list[tuple[str, Any, Kind]]:
+    """(dotted key, default, kind) of every option: the core's, then each
+    provider section's."""
+    core = [(key, DEFAULTS[key], kind) for key, kind in OPTIONS.items()]
+    sections = [(f"{name}.{key}", DEFAULTS[name][key], kind)
+                for name in SECTIONS if (section := registry.get(name).section) is not None
+                for key, kind in section.options.items()]
+    return core + sections
 
 
 def _default(value: Any) -> str:
@@ -53,8 +69,8 @@ def _default(value: Any) -> str:
 
 def configuration_table(yaml_text: str) -> str:
     comments = option_comments(yaml_text)
-    rows = ([f"`{key}`", _default(DEFAULTS[key]), kind.accepts(), comments[key].replace("|", "\\|")]
-            for key, kind in OPTIONS.items())
+    rows = ([f"`{key}`", _default(default), kind.accepts(), comments[key].replace("|", "\\|")]
+            for key, default, kind in _options())
     return markdown_table(["key", "default", "accepts", "meaning"], rows) + "\n"
 
 

@@ -163,7 +163,7 @@ PAIRWISE_VARIANTS = [
     # the doorbell protocol must hold)
     pytest.param(
         {"progress": "loop", "ndevices": 1, "completion": "queue", "providers": ["shm", "tcp"],
-         "shm-poll-window": "500us"},
+         "shm.poll-window": "500us"},
         id="loop-nd1-queue-shm-polling",
     ),
 ]

@@ -28,6 +28,7 @@ from dask_lcicomm.config import Settings
 from dask_lcicomm.link import LINGER
 from dask_lcicomm.parcelport import Parcelport
 from dask_lcicomm.providers import shm, shm_budget
+from dask_lcicomm.providers.shm_options import ShmOptions
 
 PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
@@ -46,7 +47,7 @@ def resources() -> dict[str, Any]:
     with open("/proc/self/maps") as f:
         maps = [line for line in f if "dask-lcicomm" in line or "ucx_shm_posix_" in line]
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
-    lent = shm_budget.budget(Settings.from_config().shm_budget).held
+    lent = shm_budget.budget(ShmOptions.of(Settings.from_config()).budget).held
     return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads,
             "shared memory lent": lent}
 

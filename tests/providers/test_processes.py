@@ -79,8 +79,9 @@ def _mapped_shm_files() -> list[str]:
 
 
 def _config(settings: dict[str, str]) -> dict[str, str]:
-    """``settings`` (lci keys with underscores) as Dask configuration."""
-    return {f"distributed.comm.lci.{k.replace('_', '-')}": v for k, v in settings.items()}
+    """``settings`` (lci keys with underscores, ``__`` between a section and
+    its option, as in environment variables) as Dask configuration."""
+    return {f"distributed.comm.lci.{k.replace('__', '.').replace('_', '-')}": v for k, v in settings.items()}
 
 
 def _env(**settings: str) -> dict[str, str]:
@@ -93,8 +94,8 @@ def _env(**settings: str) -> dict[str, str]:
 #: (lci settings, the provider they choose): shm with and without its pool
 #: of blocks for large frames, and UCX alone.
 PEERS = [
-    pytest.param({"shm_pool_size": "256MiB"}, "shm", id="shm-256MiB"),
-    pytest.param({"shm_pool_size": "0"}, "shm", id="shm-0"),
+    pytest.param({"shm__pool_size": "256MiB"}, "shm", id="shm-256MiB"),
+    pytest.param({"shm__pool_size": "0"}, "shm", id="shm-0"),
     needs_ucx({"providers": "[ucx]"}, "ucx", id="ucx"),
 ]
 
@@ -165,7 +166,7 @@ async def test_random_traffic_under_back_pressure_arrives_intact(provider):
     """2000 messages of 0 B .. 32 MiB on 8 comms, echoed by another process,
     with rings, pools and the write high-water mark small enough that
     senders wait and large frames often find the pool full."""
-    small = {"shm_ring_size": "256KiB", "shm_pool_size": "8MiB", "shm_pool_blocks": "8",
+    small = {"shm__ring_size": "256KiB", "shm__pool_size": "8MiB", "shm__pool_blocks": "8",
              "write_high_water": "4MiB", "providers": f"[{provider}]"}
     proc = subprocess.Popen(
         [sys.executable, "-c", _ECHO], env=_env(**small), stdout=subprocess.PIPE, text=True

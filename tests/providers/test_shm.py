@@ -369,7 +369,7 @@ async def test_peer_going_away_is_seen_after_its_last_bytes(endpoint_pair):
 
 
 def test_configured_sizes_become_whole_pages():
-    sizes = {"distributed.comm.lci.shm-ring-size": 1, "distributed.comm.lci.shm-pool-size": 10_000}
+    sizes = {"distributed.comm.lci.shm.ring-size": 1, "distributed.comm.lci.shm.pool-size": 10_000}
     with dask.config.set(sizes):
         layout = shm._layout(Settings.from_config())
     assert (layout.ring_bytes, layout.pool_bytes) == (PAGE, -(-10_000 // PAGE) * PAGE)

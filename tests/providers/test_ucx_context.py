@@ -6,24 +6,10 @@ import os
 import subprocess
 import sys
 
-import dask
 import pytest
 from ucx_support import UCX_MISSING
 
-from dask_lcicomm.config import Settings
-from dask_lcicomm.providers import ucx_context
-
 pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
-
-
-def test_an_environment_variable_wins_over_a_configured_ucx_option(monkeypatch):
-    """A ``UCX_<NAME>`` variable is the user's word for this run: the
-    configured option of that name is not given to the context, where it
-    would override the variable."""
-    monkeypatch.setenv("UCX_TCP_TX_SEG_SIZE", "64k")
-    options = {"tcp-tx-seg-size": "1m", "tls": "tcp"}
-    with dask.config.set({"distributed.comm.lci.ucx-options": options}):
-        assert ucx_context.context_options(Settings.from_config()) == {"TLS": "tcp"}
 
 
 def _printed_by_a_fresh_process(code: str, env: dict[str, str]) -> str:
@@ -37,7 +23,7 @@ def _printed_by_a_fresh_process(code: str, env: dict[str, str]) -> str:
 
 def test_an_option_ucx_refuses_is_named_in_why_ucx_is_unavailable():
     """The provider is unavailable, and the reason names the options."""
-    env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX_OPTIONS": '{"no-such-option": "1"}'}
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__LCI__UCX__OPTIONS": '{"no-such-option": "1"}'}
     reason = _printed_by_a_fresh_process(
         "from dask_lcicomm.providers import ucx_context; print(ucx_context.unavailable())", env
     )

@@ -1,0 +1,32 @@
+"""The shm provider's options, ``distributed.comm.lci.shm.*`` (defaults and
+their meaning in ``lci.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dask_lcicomm.config import Duration, Integer, Section, Settings
+
+SECTION = Section("shm", {
+    "ring-size": Integer(size=True),
+    "pool-size": Integer(least=0, size=True),
+    "pool-blocks": Integer(),
+    "budget": Integer(least=0, size=True),
+    "poll-window": Duration(),
+    "release-after": Duration(),
+})
+
+
+@dataclass(frozen=True)
+class ShmOptions:
+    ring_size: int
+    pool_size: int
+    pool_blocks: int
+    budget: int
+    poll_window: float
+    release_after: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> ShmOptions:
+        """The section in ``settings``, validated."""
+        return cls(**SECTION.parse(settings))
