@@ -28,15 +28,10 @@ import dask.config
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import (
-    Device,
-    DeviceOptions,
-    accept_handshakes,
-    connect_timeout,
-    shut_socket,
-)
+from dask_lcicomm.providers.base import Device, DeviceOptions, connect_timeout
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
+from dask_lcicomm.providers.sockets import accept_handshakes, shut_socket
 
 try:
     import dask_lcicomm.providers._atomics  # noqa: F401

@@ -22,15 +22,10 @@ from dask.utils import parse_timedelta
 from distributed.comm.addressing import unparse_host_port
 
 from dask_lcicomm.config import Settings
-from dask_lcicomm.providers.base import (
-    Device,
-    DeviceOptions,
-    connect_timeout,
-    shut_socket,
-    watch_accepts,
-)
+from dask_lcicomm.providers.base import Device, DeviceOptions, connect_timeout
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider
 from dask_lcicomm.providers.send_queue import IOV_MAX
+from dask_lcicomm.providers.sockets import shut_socket, watch_accepts
 
 logger = logging.getLogger(__name__)
 

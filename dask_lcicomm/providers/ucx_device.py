@@ -40,6 +40,7 @@ import numpy as np
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
 from dask_lcicomm.providers import ucx_worker
 from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
+from dask_lcicomm.providers.held_parcels import Held, HeldParcels
 from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.ucx_context import (
     BULK,
@@ -58,18 +59,6 @@ from dask_lcicomm.providers.ucx_worker import RoutedDevice, UcxWorker
 #: Stream bytes in flight, in send batches, before sends wait for UCX.
 _INFLIGHT_BATCHES = 8
 _HALF = 1 << (NUMBER_BITS - 1)
-
-
-class _Waiting:
-    """A parcel held back until its bulk messages have reached the peer."""
-
-    __slots__ = ("unit", "token", "bulk_out")
-
-    def __init__(self, unit: Unit, token: Any) -> None:
-        self.unit = unit
-        self.token = token
-        #: Bulk messages of this parcel UCX has not finished sending.
-        self.bulk_out = 0
 
 
 class UcxDevice(RoutedDevice):
@@ -100,18 +89,17 @@ class UcxDevice(RoutedDevice):
         self._peer_route = peer_route
         #: Told the peer's WELCOME (None) or why none will come.
         self.on_welcome: Callable[[str | None], None] | None = None
-        # Lock order: waiting, then the device lock, then the worker's.
-        self._waiting_lock = threading.Lock()
+        # Lock order: held, then the device lock, then the worker's.
+        self._held_lock = threading.Lock()
         self._failed: str | None = None
         self._violation: str | None = None
-        # Send side: parcels waiting for their bulk messages, per virtual
-        # connection (in order); requests UCX has not finished.
-        self._waiting: dict[int, deque[_Waiting]] = {}
-        self._waiting_bytes = 0
+        # Send side: parcels waiting for their bulk messages; requests UCX
+        # has not finished.
+        self._held = HeldParcels()
         self._finish_when_sent = False
         # The output ends once UCX has finished the sends in flight.
         self._end_after_sends = False
-        self._inflight: deque[tuple[Any, int, Any, _Waiting | None]] = deque()
+        self._inflight: deque[tuple[Any, int, Any, Held | None]] = deque()
         self._inflight_bytes = 0
         self._bulk_sent = 0
         self._prompt_sent = 0
@@ -149,19 +137,17 @@ class UcxDevice(RoutedDevice):
         the small parcels of other virtual connections; one with small ones
         follows them at once, as prompt bulk messages."""
         parcel = unit if type(unit) is OutgoingParcel and unit.bulk_groups else None
-        with self._waiting_lock:
+        with self._held_lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
-            waiting = self._waiting.get(vc)
-            if waiting is None and (parcel is None or self._fits_prompt(parcel)):
+            if not self._held.holds(vc) and (parcel is None or self._fits_prompt(parcel)):
                 if parcel is not None:
                     self._send_bulk(parcel, None)
                 return super().put(vc, unit, token)
-            held = _Waiting(unit, token)
+            held = Held(unit, token)
             if parcel is not None:
                 self._send_bulk(parcel, held)
-            self._waiting.setdefault(vc, deque()).append(held)
-            self._waiting_bytes += unit.nbytes
+            self._held.append(vc, held)
             # Small bulk messages may have gone at once.
             return self._release_ready()
 
@@ -174,7 +160,7 @@ class UcxDevice(RoutedDevice):
     def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
         return all(sum(v.nbytes for v in views) <= self._prompt_bytes for views in parcel.bulk_groups)
 
-    def _send_bulk(self, parcel: OutgoingParcel, held: _Waiting | None) -> None:
+    def _send_bulk(self, parcel: OutgoingParcel, held: Held | None) -> None:
         """Send each bulk group of ``parcel`` as a message of its own; the
         parcel then carries only their numbers. Without ``held`` they are
         prompt: the parcel follows at once."""
@@ -190,7 +176,7 @@ class UcxDevice(RoutedDevice):
                 self._post(message, BULK if held else PROMPT, number, 0, held)
                 self._bulk_sent += 1
 
-    def _post(self, message: Any, kind: int, number: int, nbytes: int, held: _Waiting | None) -> None:
+    def _post(self, message: Any, kind: int, number: int, nbytes: int, held: Held | None) -> None:
         """Hand ``message`` to UCX (under the worker's lock); ``nbytes`` of it
         count against the stream's bytes in flight."""
         request = self._endpoint.tag_send(array(message), tag(self._peer_route, kind, number))
@@ -201,7 +187,7 @@ class UcxDevice(RoutedDevice):
             self._inflight_bytes += nbytes
             self._worker.busy(self)
 
-    def _completed(self, request: Any, held: _Waiting | None) -> None:
+    def _completed(self, request: Any, held: Held | None) -> None:
         try:
             request.check_error()
         except Exception as e:
@@ -210,14 +196,14 @@ class UcxDevice(RoutedDevice):
         if held is not None:
             held.bulk_out -= 1
 
-    def _release_waiting(self) -> None:
+    def _release_held(self) -> None:
         """Send the parcels whose bulk messages have all arrived; end the
         output if that was all it waited for."""
-        if not self._waiting:
+        if not self._held:
             return
-        with self._waiting_lock:
+        with self._held_lock:
             self._release_ready()
-            finish = not self._waiting and self._finish_when_sent
+            finish = not self._held and self._finish_when_sent
         if finish:
             super().finish()
         else:
@@ -225,30 +211,25 @@ class UcxDevice(RoutedDevice):
 
     def _release_ready(self) -> bool:
         """Queue the parcels at the head of each virtual connection's line
-        whose bulk messages have all arrived (under the waiting lock); True
+        whose bulk messages have all arrived (under the held lock); True
         when the caller should flush."""
         flush = False
-        for vc, waiting in list(self._waiting.items()):
-            while waiting and waiting[0].bulk_out == 0:
-                held = waiting.popleft()
-                self._waiting_bytes -= held.unit.nbytes
-                flush = super().put(vc, held.unit, held.token) or flush
-            if not waiting:
-                del self._waiting[vc]
+        for vc, held in self._held.ready():
+            flush = super().put(vc, held.unit, held.token) or flush
         return flush
 
     @property
     def queued_bytes(self) -> int:
-        return super().queued_bytes + self._waiting_bytes
+        return super().queued_bytes + self._held.nbytes
 
     def flush(self) -> bool:
-        return super().flush() and not self._waiting
+        return super().flush() and not self._held
 
     def finish(self) -> bool:
         """As for any device, but done only once UCX has finished every send:
         closing the endpoint earlier would abort the transfers under way."""
-        with self._waiting_lock:
-            if self._waiting:
+        with self._held_lock:
+            if self._held:
                 self._finish_when_sent = True
                 return False
         return super().finish() and not self._end_after_sends
@@ -256,10 +237,7 @@ class UcxDevice(RoutedDevice):
     def _lose(self, reason: str) -> list[Any] | None:
         tokens = super()._lose(reason)
         if tokens is not None:
-            for waiting in self._waiting.values():
-                tokens.extend(held.token for held in waiting if held.token is not None)
-            self._waiting.clear()
-            self._waiting_bytes = 0
+            tokens.extend(self._held.clear())
         return tokens
 
     def _transmit(self, buffers: deque[Any]) -> int:
@@ -409,7 +387,7 @@ class UcxDevice(RoutedDevice):
             return False
         if self._violation is not None:
             return self._fail(f"protocol error: {self._violation}", logging.WARNING, violation=True)
-        self._release_waiting()
+        self._release_held()
         self.resume_blocked_sends()
         alive = super().on_readable()
         if alive and self._failed is not None and not self._stream:
