@@ -107,7 +107,9 @@ def records_table(records: list[Json]) -> str:
     def cell(value: Any) -> str:
         if isinstance(value, bool):
             return "yes" if value else "no"
-        if isinstance(value, (int, float)):
+        if isinstance(value, int):  # counts: workers, rounds, bytes
+            return f"{value:,}"
+        if isinstance(value, float):
             return format_number(value)
         return "-" if value is None else str(value)
 

@@ -46,6 +46,14 @@ def test_asap_runs_make_a_table():
     assert lines[2].startswith(f"| {records[0]['mode']} |")
 
 
+def test_asap_counts_read_as_whole_numbers():
+    records = json.loads((RESULTS / "asap" / "asap-32-mlp.json").read_text())
+    row = records_table(records).splitlines()[2].split(" | ")
+    head = list(records[0])
+    assert row[head.index("workers")] == "32" and row[head.index("max_iteration_gap")] == "1"
+    assert row[head.index("bytes_to_target")] == f"{records[0]['bytes_to_target']:,}"
+
+
 def test_the_readme_table_is_what_its_command_prints():
     readme = (ROOT / "README.md").read_text()
     command = re.search(r"^python -m benchmarks report .*$", readme, re.MULTILINE)

@@ -107,6 +107,15 @@ def test_rejected_configuration_is_unavailable() -> None:
     assert row.split()[-1] == "unavailable"
 
 
+def _knobs(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings by knob name (``_`` for ``-``), a provider section's options
+    as ``<section>.<option>``."""
+    sections = settings.pop("sections")
+    flat = {f"{name}.{option}": value for name, options in sections.items()
+            for option, value in options.items()}
+    return {key.replace("-", "_"): value for key, value in {**settings, **flat}.items()}
+
+
 def _settings_in(dask_config: dict[str, Any]) -> dict[str, Any]:
     with dask.config.set(dask_config):
         return asdict(Settings.from_config())
@@ -124,8 +133,8 @@ def test_variant_switches_its_knob(variant: Variant) -> None:
                  dask_config=variant.dask_config) as child:
         settings = expect(child, "settings", timeout_s=60)
     assert settings == expected
-    default = asdict(Settings.from_config())  # what the child has without the variant
-    changed = {key for key, value in settings.items() if value != default[key]}
+    default = _knobs(asdict(Settings.from_config()))  # what the child has without the variant
+    changed = {key for key, value in _knobs(settings).items() if value != default[key]}
     knobs = {key.replace("-", "_") for key, _ in variant.knobs}
     # progress-threads=2 only means something with progress=thread: both must
     # change; one provider variant restates the shipped providers (see below).
