@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     _report_command(commands)
     # Listed for --help only: main() hands "asap" and its own options to benchmarks.asap.
     commands.add_parser(
-        "asap", help="ASAP against bsp, bsp-ring and async on a simulated 8-host testbed "
+        "asap", help="ASAP against bsp, bsp-ring and async on simulated hosts (8 by default) "
         "(see: python -m benchmarks asap --help)",
     )
     return parser
