@@ -317,12 +317,13 @@ class ShmProvider(Provider):
         accepted: Callable[[Device], None],
     ) -> Offering:
         sock, name = listen(int(dask.config.get("distributed.comm.socket-backlog")))
-        layout = _layout(settings)
+        shm = ShmOptions.of(settings)
+        layout = _layout(shm)
         timeout = connect_timeout()
 
         async def handshake(conn: socket.socket) -> Device:
             link = await accept(conn, layout, timeout)
-            return _device(link, options, settings)
+            return _device(link, options, settings, shm)
 
         close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
@@ -330,24 +331,23 @@ class ShmProvider(Provider):
     async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
         if not (isinstance(peer.offer, str) and 0 < len(peer.offer) <= 100):
             raise ProviderUnavailable(f"malformed shared-memory offer {peer.offer!r}")
+        shm = ShmOptions.of(settings)
         link = await connect(
-            peer.offer, peer.pid, _layout(settings),
+            peer.offer, peer.pid, _layout(shm),
             peer.local_address, peer.peer_address, connect_timeout(),
         )
-        return _device(link, options, settings)
+        return _device(link, options, settings, shm)
 
 
-def _device(link: ShmLink, options: DeviceOptions, settings: Settings) -> ShmDevice:
+def _device(link: ShmLink, options: DeviceOptions, settings: Settings, shm: ShmOptions) -> ShmDevice:
     """A device as configured: the event loop's releaser unless idle memory
     is kept, and the process's budget."""
-    shm = ShmOptions.of(settings)
     release = releaser(shm.release_after) if shm.release_after else None
     return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget))
 
 
-def _layout(settings: Settings) -> Layout:
+def _layout(shm: ShmOptions) -> Layout:
     """The configured sizes, in whole pages (segments are mapped by the page)."""
-    shm = ShmOptions.of(settings)
     return Layout(round_up(shm.ring_size), round_up(shm.pool_size), shm.pool_blocks)
 
 

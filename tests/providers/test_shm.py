@@ -18,6 +18,7 @@ from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
 from dask_lcicomm.providers.base import Device, DeviceLost
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
+from dask_lcicomm.providers.shm_options import ShmOptions
 from dask_lcicomm.providers.shm_segment import PAGE, TAIL
 
 MiB = 1 << 20
@@ -371,5 +372,5 @@ async def test_peer_going_away_is_seen_after_its_last_bytes(endpoint_pair):
 def test_configured_sizes_become_whole_pages():
     sizes = {"distributed.comm.lci.shm.ring-size": 1, "distributed.comm.lci.shm.pool-size": 10_000}
     with dask.config.set(sizes):
-        layout = shm._layout(Settings.from_config())
+        layout = shm._layout(ShmOptions.of(Settings.from_config()))
     assert (layout.ring_bytes, layout.pool_bytes) == (PAGE, -(-10_000 // PAGE) * PAGE)
