@@ -11,6 +11,8 @@
 * ``python -m benchmarks report RESULTS.json [--page OUT.md [--plot DIR]] [--rows ...]``: a saved
   run as a page of the docs, or its table (see ``benchmarks/report.py``)
 * ``python -m benchmarks asap [--quick] --json OUT [--plot DIR]`` (see ``benchmarks/asap.py``)
+* ``python -m benchmarks workloads [--quick] [--settings ...] [--json OUT]``: the workloads users
+  run, on one host and across simulated hosts (see ``benchmarks/workloads.py``)
 
 ``--baseline PATH`` adds ``lci@baseline``: lci as built in PATH (``pip install --no-deps
 --target PATH <checkout>``), every process of it importing dask_lcicomm from there.
@@ -132,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "asap", help="ASAP against bsp, bsp-ring and async on simulated hosts (8 by default) "
         "(see: python -m benchmarks asap --help)",
+    )
+    commands.add_parser(
+        "workloads", help="workloads adapted from the Dask maintainers' benchmarks, per scheme, "
+        "on one host and across simulated hosts (see: python -m benchmarks workloads --help)",
     )
     return parser
 
@@ -354,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from benchmarks.asap import main as asap_main
 
         return asap_main(argv[1:])
+    if argv[:1] == ["workloads"]:  # likewise: see benchmarks/workloads.py
+        from benchmarks.workloads import main as workloads_main
+
+        return workloads_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     try:

@@ -4,7 +4,7 @@ regression (``--model logreg``, convex) or a multi-layer perceptron
 (``--model mlp``, not convex).
 
 Each worker runs on a simulated host with its egress rate-limited (see
-:mod:`benchmarks._asap_testbed`; loopback without root) and computes each
+:mod:`benchmarks._testbed`; loopback without root) and computes each
 local step in ``--compute-ms``; in the ``transient`` case one random worker
 per round computes ``--slow-factor`` times slower, in the ``straggler`` case
 rank 0 always does. Every mode runs the same number of rounds from the same
@@ -42,7 +42,7 @@ from typing import Any
 
 from distributed import Client
 
-from benchmarks._asap_testbed import testbed
+from benchmarks._testbed import testbed
 from benchmarks.report import markdown_table
 from dask_lcicomm.asap.client import train
 from dask_lcicomm.asap.graphs import Graph, choose_graph

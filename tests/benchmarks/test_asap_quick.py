@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from benchmarks._asap_testbed import SUBNET
-from benchmarks._asap_testbed import testbed as asap_testbed
+from benchmarks._testbed import SUBNET
+from benchmarks._testbed import testbed as asap_testbed
 from benchmarks.asap import default_time_limit, rate_bits
 from dask_lcicomm.testing.netns import gateway_address, unavailable
 

@@ -1,7 +1,7 @@
-"""The emulated cluster of ``python -m benchmarks asap``: a scheduler and N
-single-threaded workers started as processes, each worker on a host of its
-own when network namespaces can be made (root and iproute2), else all on
-loopback.
+"""The emulated cluster of ``python -m benchmarks asap`` and ``workloads``: a
+scheduler and N single-threaded workers started as processes, ``per_host``
+workers on each simulated host when network namespaces can be made (root and
+iproute2), else all on loopback.
 
 On simulated hosts (:mod:`dask_lcicomm.testing.netns`, shared with the
 multi-host tests) every worker has its own address on a private bridge and
@@ -35,6 +35,8 @@ STARTUP_S = 90.0
 #: More per worker: 32 of them importing Dask on two cores took 45 s here.
 STARTUP_PER_WORKER_S = 3.0
 STOP_S = 10.0
+#: What ASAP's workers run with: no nanny, no memory limit.
+BARE_WORKERS = ("--no-nanny", "--memory-limit", "0")
 
 
 @dataclass(frozen=True)
@@ -135,20 +137,23 @@ def _scheduler_address(path: Path, procs: _Processes) -> str:
 
 @contextmanager
 def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
-            loopback: bool = False) -> Iterator[Testbed]:
+            loopback: bool = False, per_host: int = 1,
+            worker_options: tuple[str, ...] = BARE_WORKERS) -> Iterator[Testbed]:
     """Start the cluster; ``rate`` (a tc rate, e.g. ``"100mbit"``) limits each
     simulated host's egress. ``loopback``, or no way to make namespaces,
-    runs every process on 127.0.0.1 without any limit."""
+    runs every process on 127.0.0.1 without any limit. The scheduler runs in
+    the root namespace, on the bridge's address: a host of its own whose
+    egress is not limited. ``worker_options`` go to every ``dask worker``."""
     why_not = "loopback requested" if loopback else unavailable()
     logdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if why_not is None:
-            made = stack.enter_context(virtual_hosts(nworkers, SUBNET, rate))
-            hosts: list[Host | None] = list(made)
-            listen = [h.address for h in made]
+            made = stack.enter_context(virtual_hosts(-(-nworkers // per_host), SUBNET, rate))
+            hosts: list[Host | None] = [made[i // per_host] for i in range(nworkers)]
+            listen = [made[i // per_host].address for i in range(nworkers)]
             scheduler_host = gateway_address(SUBNET)
-            kind = (f"{nworkers} network namespaces on a bridge, "
-                    f"egress {rate or 'unlimited'} per host (tc tbf)")
+            kind = (f"{len(made)} network namespaces on a bridge, {per_host} worker(s) "
+                    f"each, egress {rate or 'unlimited'} per host (tc tbf)")
         else:
             hosts, listen, scheduler_host = [None] * nworkers, ["127.0.0.1"] * nworkers, "127.0.0.1"
             kind = f"loopback, no bandwidth limit ({why_not})"
@@ -162,8 +167,8 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
         address = _scheduler_address(scheduler_file, procs)
         for i, (host, ip) in enumerate(zip(hosts, listen, strict=True)):
             procs.start(f"worker{i}", _python_module("distributed.cli.dask_worker", [
-                address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host", ip,
-                "--name", f"asap-{i}", "--memory-limit", "0", "--death-timeout", "60",
+                address, "--nthreads", "1", *worker_options, "--no-dashboard", "--host", ip,
+                "--name", f"worker-{i}", "--death-timeout", "60",
                 "--local-directory", str(logdir / f"worker{i}")]), host)
         with Client(address, timeout=STARTUP_S) as client:
             client.wait_for_workers(nworkers, timeout=STARTUP_S + STARTUP_PER_WORKER_S * nworkers)

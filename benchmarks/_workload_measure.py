@@ -1,0 +1,158 @@
+"""What ``python -m benchmarks workloads`` measures around a workload's timed
+part, from the process that holds the client.
+
+* Wall time of the timed part.
+* CPU time of the whole cluster: the client's process, the scheduler's, the
+  workers' and the processes holding their nannies (user + system).
+* Peak memory: the summed PSS of those processes, sampled every
+  :data:`SAMPLE_S`; PSS splits a shared page among the processes that map it,
+  so shared memory is counted once.
+* The communication share: the seconds Dask's fine performance metrics
+  attribute to communication, as a share of the wall time, in two parts.
+  ``comm``: on the workers, ``gather-dep``'s network, deserialize and
+  decompress time and the p2p extensions' background-comms send, serialize
+  and compress time, summed over the workers and divided by their number.
+  ``graph``: the scheduler's ``update-graph-duration``, the time from the
+  client's graph arriving to its tasks being ready; it includes unpacking and
+  materialising the graph, so it bounds the upload's cost from above.
+  Transfers that overlap on one worker count each, so ``share`` (both parts)
+  is capped at 1.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from time import perf_counter
+from typing import Any
+
+import psutil
+
+SAMPLE_S = 0.1
+_GATHER_DEP = frozenset({"network", "deserialize", "decompress"})
+_P2P_COMMS = frozenset({"send", "serialize", "compress"})
+
+
+@dataclass
+class Measurement:
+    seconds: float
+    cpu_seconds: float
+    peak_mib: float
+    comm_seconds: float
+    graph_seconds: float
+    share: float
+
+    def to_json(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in asdict(self).items()}
+
+
+def worker_comm_seconds(dask_worker: Any) -> float:
+    """Run on a worker: its communication seconds so far (see the module)."""
+    return sum(value for key, value in dask_worker.digests_total.items() if _is_comm(key))
+
+
+def _is_comm(key: Any) -> bool:
+    if not (isinstance(key, tuple) and len(key) >= 3 and key[-1] == "seconds"):
+        return False
+    if key[0] == "gather-dep":
+        return key[1] in _GATHER_DEP
+    return key[0] == "p2p" and len(key) == 5 and key[2] == "background-comms" \
+        and key[3] in _P2P_COMMS
+
+
+def scheduler_upload_seconds(dask_scheduler: Any) -> float:
+    """Run on the scheduler: its seconds spent taking in graphs so far."""
+    return float(dask_scheduler.digests_total.get("update-graph-duration", 0.0))
+
+
+def cluster_pids(client: Any) -> set[int]:
+    """This process, the scheduler's, the workers' and their parents (the
+    nannies' processes; this one for a ``LocalCluster``)."""
+    workers = set(client.run(os.getpid).values())
+    pids = {os.getpid(), client.run_on_scheduler(os.getpid), *workers}
+    for pid in workers:
+        try:
+            pids.add(psutil.Process(pid).ppid())
+        except psutil.Error:
+            pass
+    return pids - {0, 1}
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_seconds(pids: set[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+class _PeakSampler:
+    """The largest summed PSS of ``pids`` seen while running."""
+
+    def __init__(self, pids: set[int]) -> None:
+        self.pids = pids
+        self.peak = self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
+
+    def _sample(self) -> int:
+        return sum(_pss_bytes(pid) for pid in self.pids)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.peak = max(self.peak, self._sample())
+
+    def __enter__(self) -> _PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+class Meter:
+    """Measures one timed part at a time on the cluster of ``client``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.pids = cluster_pids(client)
+        self.last: Measurement | None = None
+
+    def _comm_seconds(self) -> tuple[float, float]:
+        """Mean seconds per worker in communication, and the scheduler's in graphs."""
+        per_worker = self.client.run(worker_comm_seconds)
+        graph = self.client.run_on_scheduler(scheduler_upload_seconds)
+        return sum(per_worker.values()) / max(len(per_worker), 1), graph
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        comm_before, graph_before = self._comm_seconds()
+        cpu_before = _cpu_seconds(self.pids)
+        with _PeakSampler(self.pids) as sampler:
+            start = perf_counter()
+            yield
+            seconds = perf_counter() - start
+        cpu = _cpu_seconds(self.pids) - cpu_before
+        comm, graph = self._comm_seconds()
+        comm, graph = comm - comm_before, graph - graph_before
+        self.last = Measurement(seconds, cpu, sampler.peak / 2**20, comm, graph,
+                                min(1.0, (comm + graph) / seconds) if seconds > 0 else 0.0)

@@ -1,0 +1,124 @@
+"""``python -m benchmarks workloads``: the real CLI once in ``--quick`` (every
+workload, lci and tcp, on a 2-worker LocalCluster), once across simulated
+hosts where namespaces can be made, and its measuring and reporting parts on
+their own. No timing assertions: the CI machines are noisy."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from _cli import run_cli
+
+from benchmarks._workload_measure import worker_comm_seconds
+from benchmarks._workload_suite import WORKLOADS, WrongResult, check
+from benchmarks.workloads import SETTINGS, format_setting, geomean, medians, rotated
+from dask_lcicomm.testing.netns import unavailable
+
+NAMES = [w.name for w in WORKLOADS]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("workloads") / "workloads.json"
+    return run_cli(["workloads", "--quick", "--schemes", "lci,tcp"], out, timeout_s=300,
+                   plot=False)
+
+
+def test_every_workload_measured_on_each_scheme(quick_run: dict[str, Any]) -> None:
+    proc, data = quick_run["proc"], quick_run["data"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(NAMES) >= 10
+    seen = {(r["scheme"], r["workload"]) for r in data["records"] if "error" not in r}
+    assert seen == {(s, n) for s in ("lci", "tcp") for n in NAMES}
+    for r in data["records"]:
+        assert r["seconds"] > 0 and r["cpu_seconds"] > 0 and r["peak_mib"] > 0
+        assert 0 <= r["share"] <= 1
+    assert data["sources"] == {w.name: w.source for w in WORKLOADS}
+
+
+def test_lci_ran_over_shared_memory(quick_run: dict[str, Any]) -> None:
+    lci = [r for r in quick_run["data"]["records"] if r["scheme"] == "lci"]
+    for links in {str(r["links"]) for r in lci}:
+        assert "shm" in links and "tcp" not in links, links
+
+
+def test_data_moving_workloads_show_communication(quick_run: dict[str, Any]) -> None:
+    """The metrics are read: workloads that move data between workers have
+    communication time, counted from the workers' digests."""
+    by_name = {r["workload"]: r for r in quick_run["data"]["records"] if r["scheme"] == "tcp"}
+    for name in ("rechunk-tasks", "shuffle-p2p", "join-p2p"):
+        assert by_name[name]["comm_seconds"] > 0, name
+
+
+def test_table_has_every_workload_and_a_geometric_mean(quick_run: dict[str, Any]) -> None:
+    stdout = quick_run["proc"].stdout
+    for name in NAMES:
+        assert f"\n{name} " in stdout, name
+    assert "lci/tcp" in stdout and "geometric mean" in stdout
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
+def test_across_simulated_hosts_lci_uses_shm_inside_and_tcp_between(tmp_path) -> None:
+    out = tmp_path / "hosts.json"
+    got = run_cli(["workloads", "--quick", "--settings", "hosts-1gbit", "--schemes", "lci",
+                   "--workloads", "rechunk-p2p"], out, timeout_s=300, plot=False)
+    assert got["proc"].returncode == 0, got["proc"].stderr[-3000:]
+    (record,) = got["data"]["records"]
+    workers = {k: v for k, v in record["links"].items() if k != "scheduler"}
+    assert len(workers) == 8
+    for providers in workers.values():
+        assert providers == ["shm", "tcp"], record["links"]
+
+
+def test_worker_comm_seconds_counts_transfers_only() -> None:
+    class Worker:
+        digests_total = {
+            ("gather-dep", "network", "seconds"): 1.0,
+            ("gather-dep", "deserialize", "seconds"): 0.5,
+            ("gather-dep", "network", "count"): 7.0,
+            ("gather-dep", "other", "seconds"): 9.0,
+            ("p2p", "span", "background-comms", "send", "seconds"): 2.0,
+            ("p2p", "span", "background-comms", "idle", "seconds"): 9.0,
+            ("p2p", "span", "foreground", "send", "seconds"): 9.0,
+            ("execute", "x", "thread-cpu", "seconds"): 9.0,
+            "latency": 9.0,
+        }
+
+    assert worker_comm_seconds(Worker()) == 3.5
+
+
+def _record(scheme: str, workload: str, seconds: float, round_index: int = 0) -> dict[str, Any]:
+    return {"setting": "local-2", "scheme": scheme, "workload": workload, "round": round_index,
+            "seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
+            "comm_seconds": seconds / 4, "graph_seconds": 0.0, "share": 0.25}
+
+
+def test_medians_skip_errors_and_ratios_form_a_geometric_mean() -> None:
+    records = [
+        _record("tcp", "array-sum", 2.0), _record("tcp", "array-sum", 4.0, 1),
+        _record("tcp", "array-sum", 3.0, 2), _record("lci", "array-sum", 1.5),
+        {"setting": "local-2", "scheme": "lci", "workload": "array-sum", "round": 1,
+         "error": "boom"},
+        _record("tcp", "align", 1.0), _record("lci", "align", 2.0),
+    ]
+    table = medians(records)["local-2"]
+    assert table["array-sum"]["tcp"]["seconds"] == 3.0
+    assert table["array-sum"]["lci"]["rounds"] == 1
+    text = format_setting(SETTINGS[0], table, ["lci", "tcp"])
+    assert "0.50" in text and "2.00" in text  # lci/tcp of each
+    assert text.splitlines()[-1].split()[-1] == "1.00"  # sqrt(0.5 * 2)
+    assert math.isclose(geomean([0.5, 2.0]) or 0, 1.0)
+    assert geomean([]) is None
+
+
+def test_rounds_rotate_the_schemes() -> None:
+    assert [rotated(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_a_wrong_result_raises() -> None:
+    check(True, "fine")
+    with pytest.raises(WrongResult, match="row sums"):
+        check(False, "row sums")
