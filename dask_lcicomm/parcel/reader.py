@@ -11,7 +11,6 @@ import numpy as np
 
 from dask_lcicomm.packet_pool import packet_pool
 from dask_lcicomm.parcel.wire import (
-    BULK,
     FRAGMENT,
     FRAGMENT_EXT,
     HEADER,
@@ -21,7 +20,6 @@ from dask_lcicomm.parcel.wire import (
     PLACED,
     PLACED_EXT,
     SHARE,
-    SIZE_MASK,
     VERSION,
     Buffer,
     Close,
@@ -33,6 +31,7 @@ from dask_lcicomm.parcel.wire import (
     Message,
     Placement,
     ProtocolError,
+    groups_of,
     one_group,
 )
 
@@ -46,6 +45,11 @@ _WORD_TABLES = {n: struct.Struct(f"<{2 * n}I") for n in range(33)}
 
 #: Empty frames are slices of this (each its own view: releasing one harms no other).
 _NOTHING = memoryview(bytearray())
+
+
+#: A parcel's size table read: sizes, ``ends`` or groups, empty frames, eager bytes.
+_Table = tuple[Sequence[int], "list[int] | None", "list[tuple[int, int, list[int]]] | None",
+               list[int], int]
 
 
 def _size_table(nframes: int) -> struct.Struct:
@@ -70,7 +74,7 @@ class _Assembly:
     def __init__(
         self,
         seq: int,
-        sizes: list[int],
+        sizes: Sequence[int],
         frames: list[memoryview],
         groups: list[tuple[list[int], int]],
     ) -> None:
@@ -136,6 +140,8 @@ class ParcelDecoder:
         self._direct_vc = 0
         self._seq: dict[int, int] = {}
         self._assembly: dict[int, _Assembly] = {}
+        #: The size table of a parcel whose eager bytes are still arriving.
+        self._waiting: _Table | None = None
 
     @property
     def idle(self) -> bool:
@@ -276,41 +282,16 @@ class ParcelDecoder:
         table_end = HEADER.size + 8 * nframes
         if available < table_end:
             return table_end
-        words = _word_table(nframes).unpack_from(self._view, start + HEADER.size)
-        sizes = words[::2]
-        groups = None
-        # Eager groups of non-empty frames under 4 GiB are recognised from the
-        # high words alone (0 starts a group, SHARE continues it); ``ends``
-        # are where they end.
-        ends = None
-        if nframes and 0 not in sizes:
-            highs = words[1::2]
-            if highs == (_ONE_GROUP_HIGH.get(nframes) or tuple(one_group(nframes)[1::2])):
-                ends = [nframes]
-            elif not highs[0] and highs.count(0) + highs.count(_SHARE_HIGH) == nframes:
-                ends = [index for index, high in enumerate(highs) if not high]
-                ends[0] = nframes
-                ends.sort()
-        if ends is not None:
-            eager = total = sum(sizes)
-        else:
-            table = _size_table(nframes).unpack_from(self._view, start + HEADER.size)
-            masked, groups, empties = self._groups(table)
-            eager = total = 0
-            for flag, nbytes, _ in groups:
-                total += nbytes
-                if not flag:
-                    eager += nbytes
-        if 8 * nframes + eager > limits.max_eager_bytes:
-            raise ProtocolError(
-                f"{8 * nframes} bytes of sizes and {eager} eager bytes exceed the limit"
-                f" of {limits.max_eager_bytes}"
-            )
-        if total > limits.max_message_bytes:
-            raise ProtocolError(f"message of {total} bytes exceeds the limit")
+        # The size table is read once, when it is complete, not again on every
+        # read of its eager bytes: a parcel of many frames would cost that many
+        # table reads times the frames.
+        table = self._waiting or self._size_table(nframes, start)
+        sizes, ends, groups, empties, eager = table
         used = table_end + eager
         if available < used:
+            self._waiting = table
             return used
+        self._waiting = None
         self._seq[vc] = seq + 1
         view = self._view
         position = start + table_end
@@ -360,51 +341,56 @@ class ParcelDecoder:
                 continue
             offset = 0
             for index in members:
-                end = offset + masked[index]
+                end = offset + sizes[index]
                 frames[index] = block[offset:end]
                 offset = end
         for index in empties:
             frames[index] = _NOTHING[:0]
         if bulk:
-            self._assembly[vc] = _Assembly(seq, masked, frames, bulk)
+            self._assembly[vc] = _Assembly(seq, sizes, frames, bulk)
         else:
             events.append(Message(vc, seq, frames))
         return used
 
-    @staticmethod
-    def _groups(table: Sequence[int]) -> tuple[list[int], list[tuple[int, int, list[int]]], list[int]]:
-        """Check a size table. Returns the sizes without flags, the groups as
-        ``(BULK or 0, total size, indices of their frames)``, and the indices
-        of the empty frames."""
-        sizes: list[int] = []
-        groups: list[tuple[int, int, list[int]]] = []
+    def _size_table(self, nframes: int, start: int) -> _Table:
+        """Read and check the size table of the parcel at ``start``: the sizes,
+        where its eager groups end when the high words alone tell them
+        (``ends``), else its ``groups`` and empty frames, and its eager bytes."""
+        limits = self.limits
+        words = _word_table(nframes).unpack_from(self._view, start + HEADER.size)
+        sizes: Sequence[int] = words[::2]
+        groups = None
         empties: list[int] = []
-        members: list[int] | None = None
-        flag = nbytes = 0
-        for index, size in enumerate(table):
-            n = size & SIZE_MASK
-            sizes.append(n)
-            if not n:
-                if size:
-                    kind = "bulk" if size & BULK else "shared"
-                    raise ProtocolError(f"empty {kind} frame {index}")
-                empties.append(index)
-            elif size & SHARE:
-                if members is None:
-                    raise ProtocolError(f"frame {index} shares the buffer of no earlier frame")
-                if size & BULK != flag:
-                    raise ProtocolError(f"frame {index} shares a buffer across eager and bulk frames")
-                members.append(index)
-                nbytes += n
-            else:
-                if members is not None:
-                    groups.append((flag, nbytes, members))
-                members = [index]
-                flag = size & BULK
-                nbytes = n
-        if members is not None:
-            groups.append((flag, nbytes, members))
-        return sizes, groups, empties
+        # Eager groups of non-empty frames under 4 GiB are recognised from the
+        # high words alone (0 starts a group, SHARE continues it); ``ends``
+        # are where they end.
+        ends = None
+        if nframes and 0 not in sizes:
+            highs = words[1::2]
+            if highs == (_ONE_GROUP_HIGH.get(nframes) or tuple(one_group(nframes)[1::2])):
+                ends = [nframes]
+            elif not highs[0] and highs.count(0) + highs.count(_SHARE_HIGH) == nframes:
+                ends = [index for index, high in enumerate(highs) if not high]
+                ends[0] = nframes
+                ends.sort()
+        if ends is not None:
+            eager = total = sum(sizes)
+        else:
+            table = _size_table(nframes).unpack_from(self._view, start + HEADER.size)
+            sizes, groups, empties = groups_of(table)
+            eager = total = 0
+            for flag, nbytes, _ in groups:
+                total += nbytes
+                if not flag:
+                    eager += nbytes
+        if 8 * nframes + eager > limits.max_eager_bytes:
+            raise ProtocolError(
+                f"{8 * nframes} bytes of sizes and {eager} eager bytes exceed the limit"
+                f" of {limits.max_eager_bytes}"
+            )
+        if total > limits.max_message_bytes:
+            raise ProtocolError(f"message of {total} bytes exceeds the limit")
+        return sizes, ends, groups, empties, eager
 
     def _allocate(self, assembly: _Assembly) -> None:
         """Give the bulk group now due its buffer."""

@@ -57,7 +57,7 @@ checked against :class:`Limits` before anything is allocated from it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -143,6 +143,42 @@ class Message:
 
 
 Event = Hello | Connect | Close | Message
+
+
+def groups_of(table: Sequence[int]) -> tuple[list[int], list[tuple[int, int, list[int]]], list[int]]:
+    """Check a size table. Returns the sizes without flags, the groups as
+    ``(BULK or 0, total size, indices of their frames)``, and the indices
+    of the empty frames."""
+    sizes: list[int] = []
+    groups: list[tuple[int, int, list[int]]] = []
+    empties: list[int] = []
+    members: list[int] | None = None
+    flag = nbytes = 0
+    for index, size in enumerate(table):
+        n = size & SIZE_MASK
+        sizes.append(n)
+        if not n:
+            if size:
+                kind = "bulk" if size & BULK else "shared"
+                raise ProtocolError(f"empty {kind} frame {index}")
+            empties.append(index)
+        elif size & SHARE:
+            if members is None:
+                raise ProtocolError(f"frame {index} shares the buffer of no earlier frame")
+            if size & BULK != flag:
+                raise ProtocolError(f"frame {index} shares a buffer across eager and bulk frames")
+            members.append(index)
+            nbytes += n
+        else:
+            if members is not None:
+                groups.append((flag, nbytes, members))
+            members = [index]
+            flag = size & BULK
+            nbytes = n
+    if members is not None:
+        groups.append((flag, nbytes, members))
+    return sizes, groups, empties
+
 
 
 def _control(kind: Kind, vc: int, count: int = 0) -> bytes:

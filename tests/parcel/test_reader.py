@@ -888,3 +888,19 @@ def check_size_table(sizes, alloc_spy):
             shares[i] = True
     check_buffers(message.frames, shares)
     assert dec.idle
+
+
+def test_size_table_is_read_once_however_its_eager_bytes_arrive(monkeypatch):
+    """A parcel of many frames whose eager bytes come in many reads (a
+    client's graph): its size table is read when complete, not per read."""
+    import dask_lcicomm.parcel.reader as reader
+
+    calls = []
+    real = reader.groups_of
+    monkeypatch.setattr(reader, "groups_of", lambda t: calls.append(len(t)) or real(t))
+    sizes = [0, *[100] * 999]  # an empty frame: the table is read in full
+    data = raw_parcel(0, 0, sizes, b"x" * 99_900)
+    events = feed_chunks(ParcelDecoder(), data, [4096] * (len(data) // 4096 + 1))
+    (message,) = [e for e in events if isinstance(e, Message)]
+    assert [len(f) for f in message.frames] == sizes
+    assert calls == [1000]
