@@ -22,7 +22,6 @@ part, from the process that holds the client.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -30,6 +29,8 @@ from time import perf_counter
 from typing import Any
 
 import psutil
+
+from benchmarks._sampler import Sampler
 
 SAMPLE_S = 0.1
 _GATHER_DEP = frozenset({"network", "deserialize", "decompress"})
@@ -92,6 +93,10 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
+def _summed_pss(pids: set[int]) -> int:
+    return sum(_pss_bytes(pid) for pid in pids)
+
+
 def _cpu_seconds(pids: set[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -101,32 +106,6 @@ def _cpu_seconds(pids: set[int]) -> float:
             continue
         total += times.user + times.system
     return total
-
-
-class _PeakSampler:
-    """The largest summed PSS of ``pids`` seen while running."""
-
-    def __init__(self, pids: set[int]) -> None:
-        self.pids = pids
-        self.peak = self._sample()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
-
-    def _sample(self) -> int:
-        return sum(_pss_bytes(pid) for pid in self.pids)
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self.peak = max(self.peak, self._sample())
-
-    def __enter__(self) -> _PeakSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._sample())
 
 
 class Meter:
@@ -147,12 +126,12 @@ class Meter:
     def timed(self) -> Iterator[None]:
         comm_before, graph_before = self._comm_seconds()
         cpu_before = _cpu_seconds(self.pids)
-        with _PeakSampler(self.pids) as sampler:
+        with Sampler(lambda: (_summed_pss(self.pids),), SAMPLE_S) as sampler:
             start = perf_counter()
             yield
             seconds = perf_counter() - start
         cpu = _cpu_seconds(self.pids) - cpu_before
         comm, graph = self._comm_seconds()
         comm, graph = comm - comm_before, graph - graph_before
-        self.last = Measurement(seconds, cpu, sampler.peak / 2**20, comm, graph,
+        self.last = Measurement(seconds, cpu, sampler.peak()[0] / 2**20, comm, graph,
                                 min(1.0, (comm + graph) / seconds) if seconds > 0 else 0.0)

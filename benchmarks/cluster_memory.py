@@ -34,10 +34,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks._sampler import Sampler
 
 MiB = 1 << 20
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
@@ -69,32 +70,6 @@ def _summed_pss() -> int:
         except psutil.Error:
             pass  # gone between listing and reading
     return total
-
-
-class Sampler:
-    """``(time, shmem, pss)`` every :data:`SAMPLE_S` on a thread of its own."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic(), _shmem(), _summed_pss()))
-            self._stop.wait(SAMPLE_S)
-
-    def peak(self, start: float, end: float) -> tuple[int, int]:
-        window = [s for s in self.samples if start <= s[0] <= end] or self.samples[-1:]
-        return max(s[1] for s in window), max(s[2] for s in window)
 
 
 def _memory_config(limits: str) -> dict[str, Any]:
@@ -140,7 +115,7 @@ def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]
         client.wait_for_workers(workers)
         len(df)
         del frame
-        with Sampler() as sampler:
+        with Sampler(lambda: (_shmem(), _summed_pss()), SAMPLE_S) as sampler:
             time.sleep(1.0)
             start = time.monotonic()
             shuffled = len(df.shuffle("k", shuffle_method="p2p").persist())

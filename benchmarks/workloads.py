@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -180,8 +180,11 @@ def rotated(items: Sequence[str], shift: int) -> list[str]:
 
 
 def run(settings: Sequence[Setting], schemes: Sequence[str], rounds: int, names: list[str],
-        size: float, logdir: Path) -> list[dict[str, Any]]:
-    records = []
+        size: float, logdir: Path,
+        on_round: Callable[[list[dict[str, Any]]], None] = lambda records: None,
+        ) -> list[dict[str, Any]]:
+    """Every round's records; ``on_round`` sees them all after each round."""
+    records: list[dict[str, Any]] = []
     for setting in settings:
         for round_index in range(rounds):
             for scheme in rotated(schemes, round_index):
@@ -189,6 +192,7 @@ def run(settings: Sequence[Setting], schemes: Sequence[str], rounds: int, names:
                 records += _one_round(setting, scheme, round_index, names, size, logdir)
                 _progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
                           f"{time.monotonic() - started:.0f} s")
+                on_round(records)
     return records
 
 
@@ -271,6 +275,28 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
     return "\n".join([f"{setting.name}: {setting.describe()}", *lines])
 
 
+def report_page(data: dict[str, Any]) -> str:
+    """A saved run as Markdown: how it was run, then each setting's table."""
+    env = data["environment"]
+    argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
+    lines = [
+        f"- command: `{argv}`, {data['rounds']} rounds, size {data['size']:g}",
+        f"- when: {env['timestamp']}; code: `{env['source']}`; took {data['seconds']:,} s",
+        f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB; "
+        f"Python {env['python']}, distributed {env['distributed']}",
+        "",
+    ]
+    for setting in data["settings"]:
+        text = format_setting(Setting(**setting), data["medians"].get(setting["name"], {}),
+                              data["schemes"])
+        lines += ["```text", text, "```", ""]
+    errors = [r for r in data["records"] if "error" in r]
+    for key in dict.fromkeys((r["setting"], r["scheme"], r["error"]) for r in errors):
+        count = sum((r["setting"], r["scheme"], r["error"]) == key for r in errors)
+        lines.append(f"- {count} records failed in {key[0]} over {key[1]}: {key[2]}")
+    return "\n".join(lines) + "\n"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks workloads", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,7 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
     parser.add_argument("--rounds", type=int, help="default: 3, or 1 with --quick")
     parser.add_argument("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="write every round's records")
+    parser.add_argument("--json", type=Path, metavar="OUT",
+                        help="write every round's records to OUT, again after each round")
     return parser
 
 
@@ -312,12 +339,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
     started = time.monotonic()
+
+    def write(records: list[dict[str, Any]], complete: bool = False) -> None:
+        """The JSON so far: a run stopped half-way keeps what it measured."""
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "command": "workloads", "environment": environment_facts(),
+                "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
+                "size": size, "complete": complete, "seconds": round(time.monotonic() - started),
+                "records": records, "medians": medians(records),
+                "sources": {w.name: w.source for w in WORKLOADS},
+            }, indent=1) + "\n")
+
     try:
         with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-            records = run(settings, schemes, rounds, names, size, Path(logdir))
+            records = run(settings, schemes, rounds, names, size, Path(logdir), write)
     except KeyboardInterrupt:
         _progress("interrupted; clusters and simulated hosts were removed")
         return 130
+    write(records, complete=True)
     table = medians(records)
     for setting in settings:
         print(format_setting(setting, table.get(setting.name, {}), schemes) + "\n")
@@ -327,14 +368,5 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r['error']}")
     if left_out:
         print(f"not installed, left out: {', '.join(left_out)}")
-    took = time.monotonic() - started
-    print(f"{len(records) - len(errors)} measurements in {took:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "command": "workloads", "environment": environment_facts(),
-            "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
-            "size": size, "seconds": round(took), "records": records, "medians": table,
-            "sources": {w.name: w.source for w in WORKLOADS},
-        }, indent=1) + "\n")
+    print(f"{len(records) - len(errors)} measurements in {time.monotonic() - started:.0f} s")
     return 1 if errors else 0

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from benchmarks.report import markdown_table, records_table, write_page
+from benchmarks.workloads import report_page
 from dask_lcicomm.config import DEFAULTS, OPTIONS, SECTIONS, Kind
 from dask_lcicomm.providers import registry
 
@@ -80,6 +81,7 @@ def _generate(app: Any) -> None:
     shutil.rmtree(out, ignore_errors=True)
     (out / "results").mkdir(parents=True)
     (out / "asap").mkdir()
+    (out / "workloads").mkdir()
     yaml_text = (docs.parent / "dask_lcicomm" / "lci.yaml").read_text()
     (out / "configuration.md").write_text(configuration_table(yaml_text))
     for results in sorted((docs / "results").glob("*.json")):
@@ -87,6 +89,9 @@ def _generate(app: Any) -> None:
     for results in sorted((docs / "results" / "asap").glob("*.json")):
         table = records_table(json.loads(results.read_text()))
         (out / "asap" / f"{results.stem}.md").write_text(table + "\n")
+    for results in sorted((docs / "results" / "workloads").glob("*.json")):
+        page = report_page(json.loads(results.read_text()))
+        (out / "workloads" / f"{results.stem}.md").write_text(page)
 
 
 def setup(app: Any) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def test_testbed_on_simulated_hosts_is_removed_afterwards(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=150,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 network namespaces on a bridge, egress 200mbit per host" in proc.stdout
+    assert "3 network namespaces on a bridge, 1 worker(s) each, egress 200mbit per host" in proc.stdout
     records = json.loads(out.read_text())
     assert [r["mode"] for r in records] == ["bsp", "asap"]
     assert records[0]["final_loss"] == pytest.approx(records[1]["final_loss"], rel=0.05)

@@ -6,6 +6,7 @@ their own. No timing assertions: the CI machines are noisy."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,14 @@ from _cli import run_cli
 
 from benchmarks._workload_measure import worker_comm_seconds
 from benchmarks._workload_suite import WORKLOADS, WrongResult, check
-from benchmarks.workloads import SETTINGS, format_setting, geomean, medians, rotated
+from benchmarks.workloads import (
+    SETTINGS,
+    format_setting,
+    geomean,
+    medians,
+    report_page,
+    rotated,
+)
 from dask_lcicomm.testing.netns import unavailable
 
 NAMES = [w.name for w in WORKLOADS]
@@ -73,20 +81,18 @@ def test_across_simulated_hosts_lci_uses_shm_inside_and_tcp_between(tmp_path) ->
 
 
 def test_worker_comm_seconds_counts_transfers_only() -> None:
-    class Worker:
-        digests_total = {
-            ("gather-dep", "network", "seconds"): 1.0,
-            ("gather-dep", "deserialize", "seconds"): 0.5,
-            ("gather-dep", "network", "count"): 7.0,
-            ("gather-dep", "other", "seconds"): 9.0,
-            ("p2p", "span", "background-comms", "send", "seconds"): 2.0,
-            ("p2p", "span", "background-comms", "idle", "seconds"): 9.0,
-            ("p2p", "span", "foreground", "send", "seconds"): 9.0,
-            ("execute", "x", "thread-cpu", "seconds"): 9.0,
-            "latency": 9.0,
-        }
-
-    assert worker_comm_seconds(Worker()) == 3.5
+    worker = SimpleNamespace(digests_total={
+        ("gather-dep", "network", "seconds"): 1.0,
+        ("gather-dep", "deserialize", "seconds"): 0.5,
+        ("gather-dep", "network", "count"): 7.0,
+        ("gather-dep", "other", "seconds"): 9.0,
+        ("p2p", "span", "background-comms", "send", "seconds"): 2.0,
+        ("p2p", "span", "background-comms", "idle", "seconds"): 9.0,
+        ("p2p", "span", "foreground", "send", "seconds"): 9.0,
+        ("execute", "x", "thread-cpu", "seconds"): 9.0,
+        "latency": 9.0,
+    })
+    assert worker_comm_seconds(worker) == 3.5
 
 
 def _record(scheme: str, workload: str, seconds: float, round_index: int = 0) -> dict[str, Any]:
@@ -122,3 +128,9 @@ def test_a_wrong_result_raises() -> None:
     check(True, "fine")
     with pytest.raises(WrongResult, match="row sums"):
         check(False, "row sums")
+
+
+def test_a_saved_run_renders_as_a_page_of_the_docs(quick_run: dict[str, Any]) -> None:
+    page = report_page(quick_run["data"])
+    assert "python -m benchmarks workloads" in page
+    assert page.count("```text") == 1 and "local-2:" in page and "geometric mean" in page
