@@ -117,8 +117,10 @@ def _drive(conn: Connection, scheme: str, setting: Setting, address: str | None,
                 run = BY_NAME[name].run
                 try:
                     run(client, WARM_UP_SIZE, meter.timed)
+                    meter.last = None
                     run(client, size, meter.timed)
-                    assert meter.last is not None
+                    if meter.last is None:
+                        raise RuntimeError(f"{name} timed nothing")
                     conn.send(("result", name, meter.last.to_json()))
                 except Exception as exc:
                     conn.send(("error", name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
