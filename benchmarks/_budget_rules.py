@@ -55,7 +55,11 @@ class Frame:
 
     @property
     def source(self) -> str:
-        """The line being executed (empty if the file cannot be read)."""
+        """The line being executed; empty if the file cannot be read, which
+        includes a path that a torn ``--nonblocking`` read left garbled (a NUL
+        byte in it makes ``os.stat`` raise ``ValueError``)."""
+        if "\0" in self.path:
+            return ""
         return linecache.getline(self.path, self.line)
 
 
