@@ -7,7 +7,7 @@ directly: the LCI paper's ping-pong, flood and nchains on Dask's Comm API.
 ``python -m benchmarks variants --help`` does the same for variants of
 ``lci://`` that each switch one knob, against the default ``lci`` and ``tcp``;
 ``python -m benchmarks dask --help`` for real Dask graphs on a LocalCluster.
-``python -m benchmarks all`` runs the three and judges the targets
-(:mod:`benchmarks.targets`); ``--plot DIR`` draws the figures
-(:mod:`benchmarks.plots`).
+``python -m benchmarks all`` runs the three; ``--plot DIR`` draws the figures
+(:mod:`benchmarks.plots`).  The benchmarks report measurements; the goals
+they are read against live in ``docs/benchmarks.md``.
 """

@@ -4,7 +4,7 @@
 * ``python -m benchmarks variants [--quick] [--variants NAMES] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks dask [--quick] [--schemes lci,tcp,ucxx] [--baseline PATH] [--json OUT] [--plot DIR]``
 * ``python -m benchmarks all [--quick] [--baseline PATH] [--json OUT] [--plot DIR]``: comm, dask
-  and variants one after the other, then the targets
+  and variants one after the other
 * ``python -m benchmarks budget [--quick] [--configs NAMES] [--sizes SIZES] [--json OUT] [--plot DIR]``:
   where a small-message round trip spends its time (see ``benchmarks/budget.py``)
 * ``python -m benchmarks plot RESULTS.json --plot DIR``: draw a saved run again
@@ -33,7 +33,6 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks._progress import ProgressBar
-from benchmarks.targets import Verdict, evaluate, format_verdicts, verdicts_json
 
 
 def _csv(text: str) -> list[str]:
@@ -190,10 +189,9 @@ def _budget_command(commands: argparse._SubParsersAction) -> None:
 def _all_command(commands: argparse._SubParsersAction) -> None:
     command = commands.add_parser(
         "all",
-        help=f"{', '.join(ALL_COMMANDS)} one after the other, then the targets",
-        description=f"Run {', '.join(ALL_COMMANDS)} with their default budgets, print each "
-        "table, then the targets with their measured ratios. Full run: ~22 minutes on "
-        "2 cores.",
+        help=f"{', '.join(ALL_COMMANDS)} one after the other",
+        description=f"Run {', '.join(ALL_COMMANDS)} with their default budgets and print each "
+        "table. Full run: ~22 minutes on 2 cores.",
     )
     _output_options(command, quick_help="every command's --quick: a smoke run")
     _schemes_option(command, dest="schemes")
@@ -230,9 +228,6 @@ def _report_command(commands: argparse._SubParsersAction) -> None:
 #: What ``all`` runs, in this order.
 ALL_COMMANDS = ("comm", "dask", "variants")
 
-#: Commands whose reports no target judges (not the harness's kind of report).
-UNJUDGED_COMMANDS = ("budget",)
-
 #: The commands that take ``--baseline`` (``all`` hands it to these).
 BASELINE_COMMANDS = ("comm", "dask")
 
@@ -255,21 +250,13 @@ def _make_config(command: str, args: argparse.Namespace, selection: Any,
         parser.error(str(exc))
 
 
-def _measure(command: str, config: Any, progress: ProgressBar
-             ) -> tuple[dict[str, Any], list[Verdict]]:
-    """Run one command, print its table and targets; its JSON (with the
-    command's name and target verdicts in it) and the verdicts."""
+def _measure(command: str, config: Any, progress: ProgressBar) -> dict[str, Any]:
+    """Run one command and print its table; its JSON, with the command's name in it."""
     module = _command_module(command)
     report = module.run(config, progress=progress)
     progress.close()
-    verdicts = [] if command in UNJUDGED_COMMANDS else evaluate(command, report)
-    print(module.format_table(report))
-    if verdicts:
-        print(f"\nTargets ({command}):\n{format_verdicts(verdicts)}")
-    print(flush=True)
-    data = module.to_json(report)
-    return {"command": command, **data, "targets": verdicts_json(verdicts),
-            "failed": len(report.failures())}, verdicts
+    print(module.format_table(report), end="\n\n", flush=True)
+    return {"command": command, **module.to_json(report), "failed": len(report.failures())}
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -277,28 +264,24 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     and figures; exit status 1 if any round failed."""
     config = _make_config(args.command, args, args.selection, parser)
     with ProgressBar() as progress:
-        data, _ = _measure(args.command, config, progress)
+        data = _measure(args.command, config, progress)
     _write(args, data)
     return 1 if data["failed"] else 0
 
 
 def _run_all(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Every command of :data:`ALL_COMMANDS` (all configured first, so that a
-    bad selection stops the run before anything is measured), then all the
-    targets in one table."""
+    bad selection stops the run before anything is measured)."""
     selections = {"comm": args.schemes, "dask": _schemes_only(args.schemes),
                   "variants": args.variants}
     configs = {command: _make_config(command, args, selections[command], parser)
                for command in ALL_COMMANDS}
     data: dict[str, Any] = {"command": "all"}
-    verdicts: list[Verdict] = []
     with ProgressBar() as progress:
         for command, config in configs.items():
-            data[command], command_verdicts = _measure(command, config, progress)
-            verdicts.extend(command_verdicts)
+            data[command] = _measure(command, config, progress)
             _write_json(args, data)  # a later command failing loses nothing measured
-    print(f"Targets (all):\n{format_verdicts(verdicts)}")
-    _write(args, data | {"targets": verdicts_json(verdicts)})
+    _write(args, data)
     return 1 if any(data[command]["failed"] for command in ALL_COMMANDS) else 0
 
 

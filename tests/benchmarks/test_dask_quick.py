@@ -2,9 +2,8 @@
 
 Runs the real CLI once with its default schemes (see :mod:`_cli`) and checks
 that every graph produced a positive time for lci, tcp and the in-process
-reference, that ucxx was either measured or is marked "not installed", that
-the targets were judged on the run's own ratios, and that the figure was
-drawn.  No timing assertions: the CI machines are noisy.
+reference, that ucxx was either measured or is marked "not installed", and
+that the figure was drawn.  No timing assertions: the CI machines are noisy.
 """
 
 from __future__ import annotations
@@ -61,20 +60,6 @@ def test_time_ratios_recorded(quick_run: dict[str, Any]) -> None:
         ratios = result["time_ratios"]
         assert {"lci/tcp", "inproc/tcp"} <= set(ratios), result["benchmark"]
         assert ratios["lci/tcp"] > 0 and ratios["inproc/tcp"] > 0, result["benchmark"]
-
-
-def test_targets_judged(quick_run: dict[str, Any]) -> None:
-    """Every graph has its lci/tcp target, judged on the ratio in the table."""
-    results = {r["benchmark"]: r for r in quick_run["data"]["results"]}
-    targets = {t["benchmark"]: t for t in quick_run["data"]["targets"]}
-    assert set(targets) == GRAPHS
-    for name, target in targets.items():
-        ratio = results[name]["time_ratios"]["lci/tcp"]
-        assert target["ratio"] == pytest.approx(ratio), name
-        assert target["met"] == (ratio <= float(target["wanted"].split("<=")[1])), name
-        verdict = "met" if target["met"] else "MISSED"
-        assert any(line.split()[:2] == ["dask", name] and verdict in line
-                   for line in quick_run["proc"].stdout.splitlines()), name
 
 
 def test_figure_drawn(quick_run: dict[str, Any]) -> None:
