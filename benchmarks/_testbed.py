@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import dask
 from distributed import Client
@@ -35,6 +36,13 @@ STARTUP_S = 90.0
 #: More per worker: 32 of them importing Dask on two cores took 45 s here.
 STARTUP_PER_WORKER_S = 3.0
 STOP_S = 10.0
+#: UCX leaves bridge devices out of its TCP transport unless told otherwise, and
+#: the root namespace (the scheduler's, and the client's where one runs there)
+#: reaches the simulated hosts only through the bridge: without this, a ucxx
+#: client there failed every connection with "Destination is unreachable".
+#: Set for every process started while a testbed on namespaces is up, unless
+#: the environment says otherwise.
+UCX_USES_THE_BRIDGE = {"UCX_TCP_BRIDGE_ENABLE": "y"}
 #: What ASAP's workers run with: no nanny, no memory limit.
 BARE_WORKERS = ("--no-nanny", "--memory-limit", "0")
 
@@ -143,12 +151,16 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
     simulated host's egress. ``loopback``, or no way to make namespaces,
     runs every process on 127.0.0.1 without any limit. The scheduler runs in
     the root namespace, on the bridge's address: a host of its own whose
-    egress is not limited. ``worker_options`` go to every ``dask worker``."""
+    egress is not limited. ``worker_options`` go to every ``dask worker``.
+    Processes started inside the ``with`` block inherit what the testbed
+    sets in the environment (:data:`UCX_USES_THE_BRIDGE`)."""
     why_not = "loopback requested" if loopback else unavailable()
     logdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if why_not is None:
             made = stack.enter_context(virtual_hosts(-(-nworkers // per_host), SUBNET, rate))
+            stack.enter_context(mock.patch.dict(
+                os.environ, {k: v for k, v in UCX_USES_THE_BRIDGE.items() if k not in os.environ}))
             hosts: list[Host | None] = [made[i // per_host] for i in range(nworkers)]
             listen = [made[i // per_host].address for i in range(nworkers)]
             scheduler_host = gateway_address(SUBNET)

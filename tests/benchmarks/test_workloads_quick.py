@@ -124,6 +124,20 @@ def test_rounds_rotate_the_schemes() -> None:
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
+@pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
+def test_across_simulated_hosts_a_ucxx_client_reaches_the_scheduler_over_the_bridge(
+        tmp_path) -> None:
+    """UCX leaves bridge devices out unless the testbed lets it use them: the
+    client and scheduler in the root namespace then fail every connection."""
+    pytest.importorskip("distributed_ucxx")
+    out = tmp_path / "hosts-ucxx.json"
+    got = run_cli(["workloads", "--quick", "--settings", "hosts-10gbit", "--schemes", "ucxx",
+                   "--workloads", "submit-result"], out, timeout_s=300, plot=False)
+    assert got["proc"].returncode == 0, got["proc"].stdout[-3000:] + got["proc"].stderr[-3000:]
+    (record,) = got["data"]["records"]
+    assert "error" not in record and record["seconds"] > 0, record
+
+
 def test_a_wrong_result_raises() -> None:
     check(True, "fine")
     with pytest.raises(WrongResult, match="row sums"):
