@@ -48,7 +48,7 @@ def _common_options(
 ) -> None:
     """The options every command shares: budgets, selection and output;
     ``names`` are what ``--benchmarks`` chooses from (default: the comm ones)."""
-    from benchmarks._harness import BENCHMARK_NAMES
+    from benchmarks._comm_suite import BENCHMARK_NAMES
 
     _output_options(command, quick_help)
     command.add_argument("--rounds", type=int, help=rounds_help)
@@ -77,7 +77,7 @@ def _schemes_option(command: argparse.ArgumentParser, dest: str = "selection") -
 
 
 def _baseline_option(command: argparse.ArgumentParser) -> None:
-    from benchmarks._harness import BASELINE_BUILD
+    from benchmarks._configurations import BASELINE_BUILD
 
     command.add_argument("--baseline", metavar="PATH",
                          help=f"also measure {BASELINE_BUILD}: lci as built in PATH by "
@@ -162,7 +162,7 @@ def _dask_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _budget_command(commands: argparse._SubParsersAction) -> None:
-    from benchmarks._harness import size_name
+    from benchmarks._comm_suite import size_name
     from benchmarks.budget import CONFIGURATIONS, SIZES
 
     command = commands.add_parser(

@@ -30,7 +30,8 @@ from benchmarks._comm_peers import (
     make_payload,
     server_main,
 )
-from benchmarks._harness import STARTUP_TIMEOUT_S, Configuration, size_name
+from benchmarks._comm_suite import size_name
+from benchmarks._configurations import STARTUP_TIMEOUT_S, Configuration
 from benchmarks._procs import Peer, PeerError, expect, receive, spawned
 from benchmarks._pyspy import Profile, ProfilerError, record
 

@@ -65,7 +65,7 @@ class BenchSpec:
 class Server:
     """Where the client connects, and the lci provider every comm to it must
     run over (None: whichever the scheme picks; see
-    :attr:`benchmarks._harness.Configuration.provider`)."""
+    :attr:`benchmarks._configurations.Configuration.provider`)."""
 
     address: str
     provider: str | None = None

@@ -47,18 +47,12 @@ from benchmarks._budget_rules import (
     TORN,
     WAIT,
 )
+from benchmarks._comm_suite import KiB, size_name
+from benchmarks._configurations import Configuration, SchemeStatus, probe_configurations
+from benchmarks._environment import environment_facts
 from benchmarks._floor_comm import SCHEME as FLOOR
-from benchmarks._harness import (
-    Configuration,
-    KiB,
-    SchemeStatus,
-    align,
-    environment_facts,
-    format_number,
-    probe_configurations,
-    rotated,
-    size_name,
-)
+from benchmarks._format import align, format_number
+from benchmarks._harness import rotated
 from benchmarks._progress import SILENT, Progress
 from benchmarks.comm import LCI_TCP
 from benchmarks.variants import VARIANTS_BY_NAME

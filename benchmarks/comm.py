@@ -15,7 +15,7 @@ hosts, and ``lci-ucx``, UCX -- the ``providers`` variants of
 :mod:`benchmarks.variants` under these labels; plain ``lci`` runs the default
 providers, shared memory on one host) -- plus, with ``baseline``, lci as
 built in another directory (``lci@baseline``, see
-:func:`benchmarks._harness.baseline_build`).  The table has one row per
+:func:`benchmarks._configurations.baseline_build`).  The table has one row per
 benchmark metric and one column per configuration, plus ``<label>/tcp``
 ratio columns, ``lci/lci@baseline``, ``lci/ucxx`` and ``lci-ucx/ucxx`` when
 both take part.
@@ -27,23 +27,14 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from benchmarks._harness import (
-    BASELINE_BUILD,
-    BENCHMARK_NAMES,
-    Configuration,
-    Report,
-    RunConfig,
-    common_footnotes,
-    idle_footnote,
-    make_run_config,
-    medians_table,
-    unit_label,
-    with_baseline_build,
-)
+from benchmarks._comm_suite import BENCHMARK_NAMES, make_run_config, run_comm_round
+from benchmarks._configurations import BASELINE_BUILD, Configuration, with_baseline_build
+from benchmarks._harness import Report, RunConfig
 from benchmarks._harness import run as _run
 from benchmarks._harness import to_json as _to_json
 from benchmarks._idle import IDLE_KIND
 from benchmarks._progress import SILENT, Progress
+from benchmarks._tables import common_footnotes, idle_footnote, medians_table, unit_label
 from benchmarks.variants import VARIANTS_BY_NAME
 
 __all__ = ["BENCHMARK_NAMES", "BASELINE", "DEFAULT_SCHEMES", "DEFAULT_NAMES", "PINNED",
@@ -94,7 +85,7 @@ def make_config(
 
 def run(config: RunConfig, progress: Progress = SILENT) -> Report:
     """Every scheme once per round, rounds alternating (see the harness)."""
-    return _run(config, progress, title="comm")
+    return _run(config, run_comm_round, progress, title="comm")
 
 
 def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:

@@ -34,6 +34,7 @@ from typing import Any
 
 from benchmarks._cluster import INPROC, N_WORKERS, send_request, started_cluster
 from benchmarks._comm_peers import Measurement
+from benchmarks._configurations import STARTUP_TIMEOUT_S, Configuration, with_baseline_build
 from benchmarks._graphs import (
     GraphSpec,
     measure_amt,
@@ -44,26 +45,12 @@ from benchmarks._graphs import (
     measure_shuffle,
     measure_tree,
 )
-from benchmarks._harness import (
-    STARTUP_TIMEOUT_S,
-    Benchmark,
-    Configuration,
-    Metric,
-    Outcome,
-    Report,
-    RunConfig,
-    build_notes,
-    check_selection,
-    machine_note,
-    medians_table,
-    problem_notes,
-    report_answers,
-    with_baseline_build,
-)
+from benchmarks._harness import Benchmark, Metric, Outcome, Report, RunConfig, check_selection, report_answers
 from benchmarks._harness import run as _run
 from benchmarks._harness import to_json as _to_json
 from benchmarks._procs import receive
 from benchmarks._progress import SILENT, Progress
+from benchmarks._tables import build_notes, machine_note, medians_table, problem_notes
 from benchmarks.comm import BASELINE, DEFAULT_SCHEMES, ratio_pairs
 
 __all__ = ["GRAPH_NAMES", "BASELINE", "make_config", "run", "format_table", "to_json"]
@@ -225,7 +212,7 @@ def _graph_answers(
 
 def run(config: RunConfig, progress: Progress = SILENT) -> Report:
     """Every configuration once per round, rounds alternating (see the harness)."""
-    return _run(config, progress, run_round=run_round, title="dask")
+    return _run(config, run_round, progress, title="dask")
 
 
 # ----------------------------------------------------------------- reporting

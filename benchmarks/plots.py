@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # after choosing the backend
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from benchmarks._harness import size_name
+from benchmarks._comm_suite import size_name
 
 __all__ = ["plot", "PLOTTERS"]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import format_number, format_ratio
+from benchmarks._format import format_number, format_ratio
 
 Json = dict[str, Any]
 

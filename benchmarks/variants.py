@@ -1,7 +1,7 @@
 """Ablation of the lci:// backend: the default configuration with one knob
 switched at a time, as in the LCI paper's design-choice study.
 
-Each variant is just another :class:`~benchmarks._harness.Configuration`:
+Each variant is just another :class:`~benchmarks._configurations.Configuration`:
 scheme ``lci`` plus ``distributed.comm.lci.<knob>`` set with
 ``dask.config.set`` in both peers (not as ``DASK_*`` variables, see
 :func:`benchmarks._procs._with_dask_config`).  The default ``lci`` and ``tcp``
@@ -30,16 +30,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import _harness
-from benchmarks._harness import (
-    Benchmark,
-    Configuration,
-    Report,
-    RunConfig,
-    idle_footnote,
-)
+from benchmarks import _comm_suite, _format, _harness, _tables
+from benchmarks._configurations import Configuration
+from benchmarks._harness import Benchmark, Report, RunConfig
 from benchmarks._idle import IDLE_KIND
 from benchmarks._progress import SILENT, Progress
+from benchmarks._tables import idle_footnote
 
 __all__ = ["VARIANTS", "VARIANT_NAMES", "BENCHMARKS", "make_config", "run", "format_table",
            "to_json"]
@@ -72,7 +68,7 @@ class Variant:
     """The default lci configuration with ``knobs`` (keys under
     :data:`LCI_CONFIG`, typed values as YAML would give them) switched;
     ``requires`` is the module of the extra it needs (see
-    :class:`~benchmarks._harness.Configuration`)."""
+    :class:`~benchmarks._configurations.Configuration`)."""
 
     name: str
     knobs: tuple[tuple[str, Any], ...]
@@ -156,7 +152,7 @@ def make_config(
     :data:`BENCHMARKS` (any comm benchmark can be asked for, ``idle`` at
     ~15 s per configuration)."""
     variants = select_variants(names)
-    return _harness.make_run_config(
+    return _comm_suite.make_run_config(
         [DEFAULT, TCP, *(v.configuration() for v in variants)],
         quick=quick,
         rounds=rounds or DEFAULT_ROUNDS[not quick],
@@ -168,7 +164,7 @@ def make_config(
 
 def run(config: RunConfig, progress: Progress = SILENT) -> Report:
     """Every configuration once per round, rounds alternating (see the harness)."""
-    return _harness.run(config, progress, title="variants")
+    return _harness.run(config, _comm_suite.run_comm_round, progress, title="variants")
 
 
 # ------------------------------------------------------------------ reporting
@@ -202,21 +198,21 @@ def format_table(report: Report) -> str:
         [label, setting, *(_ratio_cell(report, b, label) for b in benches)]
         for label, setting in _settings(config).items()
     ]
-    table = _harness.align([header, units, absolute, spread, *rows], label_columns=2,
+    table = _format.align([header, units, absolute, spread, *rows], label_columns=2,
                            rules=(2, 4))
     return "\n".join([*table, "", *_footnotes(report)])
 
 
 def _absolute_cell(report: Report, bench: Benchmark) -> str:
     """The default lci's median of the benchmark's headline metric."""
-    return _harness.median_cell(report, bench, bench.metrics[0], DEFAULT.label)
+    return _tables.median_cell(report, bench, bench.metrics[0], DEFAULT.label)
 
 
 def _spread_cell(report: Report, bench: Benchmark) -> str:
     """How far apart the default lci's own rounds lie: ratios closer to 1
     than this are within the noise of the machine."""
     values = [v for v in report.values(bench, bench.metrics[0], DEFAULT.label) if v]
-    return _harness.format_ratio(max(values) / min(values) if len(values) > 1 else None)
+    return _format.format_ratio(max(values) / min(values) if len(values) > 1 else None)
 
 
 def _ratio_cell(report: Report, bench: Benchmark, label: str) -> str:
@@ -226,7 +222,7 @@ def _ratio_cell(report: Report, bench: Benchmark, label: str) -> str:
     if not status.available:
         return status.label
     ratio = report.ratio(bench, bench.metrics[0], label, DEFAULT.label)
-    return _harness.format_ratio(ratio)
+    return _format.format_ratio(ratio)
 
 
 def _footnotes(report: Report) -> list[str]:
@@ -245,7 +241,7 @@ def _footnotes(report: Report) -> list[str]:
     ]
     explanations.extend(idle_footnote(b.spec, DEFAULT.label) for b in config.benchmarks
                         if b.spec.kind == IDLE_KIND)
-    return _harness.common_footnotes(report, explanations)
+    return _tables.common_footnotes(report, explanations)
 
 
 def _inherited(report: Report) -> str:

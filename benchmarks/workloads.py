@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import environment_facts
+from benchmarks._environment import environment_facts
 from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
 

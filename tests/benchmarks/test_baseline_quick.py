@@ -29,7 +29,7 @@ from _origin_probe import answer_origins
 
 from benchmarks import comm, dask
 from benchmarks._cluster import started_cluster
-from benchmarks._harness import BASELINE_BUILD
+from benchmarks._configurations import BASELINE_BUILD
 from benchmarks._procs import expect, report_origin, spawned
 
 CHECKOUT = REPO_ROOT / "dask_lcicomm"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._harness import format_number, format_ratio
+from benchmarks._format import format_number, format_ratio
 from benchmarks.report import page, records_table, results_table, run_name
 
 ROOT = Path(__file__).resolve().parents[2]

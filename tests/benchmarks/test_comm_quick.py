@@ -21,7 +21,8 @@ import pytest
 from _cli import assert_all_measured, assert_figures, assert_scheme_column, run_cli
 
 from benchmarks import comm
-from benchmarks._harness import Configuration, make_run_config, probe_configurations
+from benchmarks._comm_suite import make_run_config
+from benchmarks._configurations import Configuration, probe_configurations
 
 SCHEMES = ("lci", "lci-tcp", "tcp")
 #: Measured where the ucx extra is installed, else marked "not installed".

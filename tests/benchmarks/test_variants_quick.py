@@ -25,7 +25,8 @@ from _cli import assert_all_measured, assert_figures, run_cli
 from _settings_probe import report_settings
 
 from benchmarks import variants
-from benchmarks._harness import make_run_config, probe_configurations
+from benchmarks._comm_suite import make_run_config
+from benchmarks._configurations import probe_configurations
 from benchmarks._procs import expect, spawned
 from benchmarks.variants import BENCHMARKS, DEFAULT, VARIANTS, Variant
 from dask_lcicomm.config import Settings
