@@ -26,7 +26,6 @@ from pathlib import Path
 from unittest import mock
 
 import dask
-from distributed import Client
 
 from dask_lcicomm.testing.netns import Host, gateway_address, unavailable, virtual_hosts
 
@@ -143,6 +142,24 @@ def _scheduler_address(path: Path, procs: _Processes) -> str:
     raise RuntimeError(f"the scheduler wrote no address within {STARTUP_S:.0f} s")
 
 
+def _wait_for_workers(address: str, nworkers: int) -> None:
+    """Wait in a child process, so that this one keeps no comm state of the
+    testbed's scheme: a UCX context, once made, knows only the network devices
+    there were, and the next testbed's bridge is a new device it cannot use."""
+    timeout = STARTUP_S + STARTUP_PER_WORKER_S * nworkers
+    code = ("import sys; from distributed import Client\n"
+            "with Client(sys.argv[1], timeout=float(sys.argv[3])) as client:\n"
+            "    client.wait_for_workers(int(sys.argv[2]), timeout=float(sys.argv[3]))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, address, str(nworkers), str(timeout)],
+                              capture_output=True, text=True, timeout=timeout + STARTUP_S)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{nworkers} workers did not join within {exc.timeout:.0f} s") from exc
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.strip()][-1:]
+        raise RuntimeError(f"{nworkers} workers did not join {address}: {''.join(last)}")
+
+
 @contextmanager
 def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
             loopback: bool = False, per_host: int = 1,
@@ -182,7 +199,6 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
                 address, "--nthreads", "1", *worker_options, "--no-dashboard", "--host", ip,
                 "--name", f"worker-{i}", "--death-timeout", "60",
                 "--local-directory", str(logdir / f"worker{i}")]), host)
-        with Client(address, timeout=STARTUP_S) as client:
-            client.wait_for_workers(nworkers, timeout=STARTUP_S + STARTUP_PER_WORKER_S * nworkers)
+        _wait_for_workers(address, nworkers)
         procs.check()
         yield Testbed(address, kind, nworkers, procs.rss)
