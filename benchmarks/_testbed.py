@@ -179,12 +179,11 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
             stack.enter_context(mock.patch.dict(
                 os.environ, {k: v for k, v in UCX_USES_THE_BRIDGE.items() if k not in os.environ}))
             hosts: list[Host | None] = [made[i // per_host] for i in range(nworkers)]
-            listen = [made[i // per_host].address for i in range(nworkers)]
             scheduler_host = gateway_address(SUBNET)
             kind = (f"{len(made)} network namespaces on a bridge, {per_host} worker(s) "
                     f"each, egress {rate or 'unlimited'} per host (tc tbf)")
         else:
-            hosts, listen, scheduler_host = [None] * nworkers, ["127.0.0.1"] * nworkers, "127.0.0.1"
+            hosts, scheduler_host = [None] * nworkers, "127.0.0.1"
             kind = f"loopback, no bandwidth limit ({why_not})"
         procs = _Processes(logdir)
         stack.callback(procs.stop)
@@ -194,9 +193,10 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
             "--protocol", protocol, "--host", scheduler_host, "--port", "0", "--no-dashboard",
             "--scheduler-file", str(scheduler_file)]), None)
         address = _scheduler_address(scheduler_file, procs)
-        for i, (host, ip) in enumerate(zip(hosts, listen, strict=True)):
+        for i, host in enumerate(hosts):
             procs.start(f"worker{i}", _python_module("distributed.cli.dask_worker", [
-                address, "--nthreads", "1", *worker_options, "--no-dashboard", "--host", ip,
+                address, "--nthreads", "1", *worker_options, "--no-dashboard",
+                "--host", host.address if host else "127.0.0.1",
                 "--name", f"worker-{i}", "--death-timeout", "60",
                 "--local-directory", str(logdir / f"worker{i}")]), host)
         _wait_for_workers(address, nworkers)

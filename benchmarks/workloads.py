@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -292,10 +293,9 @@ def report_page(data: dict[str, Any]) -> str:
         text = format_setting(Setting(**setting), data["medians"].get(setting["name"], {}),
                               data["schemes"])
         lines += ["```text", text, "```", ""]
-    errors = [r for r in data["records"] if "error" in r]
-    for key in dict.fromkeys((r["setting"], r["scheme"], r["error"]) for r in errors):
-        count = sum((r["setting"], r["scheme"], r["error"]) == key for r in errors)
-        lines.append(f"- {count} records failed in {key[0]} over {key[1]}: {key[2]}")
+    errors = Counter((r["setting"], r["scheme"], r["error"]) for r in data["records"] if "error" in r)
+    for (setting_name, scheme, error), count in errors.items():
+        lines.append(f"- {count} records failed in {setting_name} over {scheme}: {error}")
     return "\n".join(lines) + "\n"
 
 
@@ -341,13 +341,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
     started = time.monotonic()
+    environment = environment_facts()  # at the start: its load average is the run's
 
     def write(records: list[dict[str, Any]], complete: bool = False) -> None:
         """The JSON so far: a run stopped half-way keeps what it measured."""
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
-                "command": "workloads", "environment": environment_facts(),
+                "command": "workloads", "environment": environment,
                 "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
                 "size": size, "complete": complete, "seconds": round(time.monotonic() - started),
                 "records": records, "medians": medians(records),

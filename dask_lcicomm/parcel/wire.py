@@ -180,7 +180,6 @@ def groups_of(table: Sequence[int]) -> tuple[list[int], list[tuple[int, int, lis
     return sizes, groups, empties
 
 
-
 def _control(kind: Kind, vc: int, count: int = 0) -> bytes:
     return HEADER.pack(MAGIC, VERSION, kind, 0, vc, 0, count)
 
