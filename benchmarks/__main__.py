@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -337,6 +338,14 @@ def _command_module(command: str) -> ModuleType:
     return importlib.import_module(f"benchmarks.{command}")
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    """A SIGTERM (``kill``, a batch system's time limit) stops a run as Ctrl-C
+    does, so that the clusters, testbeds and simulated hosts it made are
+    removed on the way out: by default it ended the process at once and left
+    them all behind."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["asap"]:  # its own options and records: see benchmarks/asap.py
@@ -365,4 +374,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     sys.exit(main())

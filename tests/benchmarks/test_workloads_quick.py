@@ -6,11 +6,16 @@ their own. No timing assertions: the CI machines are noisy."""
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
-from _cli import run_cli
+from _cli import REPO_ROOT, run_cli
 
 from benchmarks._workload_measure import worker_comm_seconds
 from benchmarks._workload_suite import WORKLOADS, WrongResult, check
@@ -142,6 +147,73 @@ def test_across_simulated_hosts_a_ucxx_client_reaches_the_scheduler_over_the_bri
     assert [r["round"] for r in records] == [0, 1]
     for record in records:
         assert "error" not in record and record["seconds"] > 0, record
+
+
+def _namespaces() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+
+
+def _started(runner: psutil.Process, marker: str) -> list[psutil.Process]:
+    """The runner's descendants whose command line has ``marker`` in it."""
+    found = []
+    for proc in runner.children(recursive=True):
+        try:
+            if marker in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
+def test_a_sigterm_removes_the_simulated_hosts_and_every_process_of_the_run() -> None:
+    """As Ctrl-C does: a batch system's time limit or ``kill`` must not leave
+    namespaces, bridges and Dask processes behind. The signal comes once the
+    workers joined and the process that runs the workloads started."""
+    before = _namespaces()
+    made: set[str] = set()
+    started: list[psutil.Process] = []
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", "workloads", "--settings", "hosts-10gbit",
+         "--schemes", "tcp", "--workloads", "large-map", "--rounds", "3", "--size", "0.05"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process = psutil.Process(runner.pid)
+        deadline = time.monotonic() + 180
+        while (not _started(process, "spawn_main") and runner.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.5)
+        made = _namespaces() - before
+        started = process.children(recursive=True)
+        workers = _started(process, "distributed.cli.dask_worker")
+        assert len(workers) == 8 and len(made) == 4, (made, runner.poll())
+        runner.send_signal(signal.SIGTERM)
+        _, stderr = runner.communicate(timeout=90)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        left = made & _namespaces()
+        _, alive = psutil.wait_procs(started, timeout=10)
+        _remove(left, alive)
+    assert runner.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert not left and not alive, (left, alive)
+
+
+def _remove(namespaces: set[str], processes: list[psutil.Process]) -> None:
+    """What a failed run left behind: its processes, namespaces and bridge."""
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    for name in namespaces:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+        _, tag, index = name.split("-")
+        for link in (f"lci{tag}o{index}", f"lcibr{tag}"):
+            subprocess.run(["ip", "link", "delete", link], check=False, capture_output=True)
 
 
 def test_a_wrong_result_raises() -> None:
