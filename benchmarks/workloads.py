@@ -12,10 +12,14 @@ of single-threaded workers:
   the client on a fifth (the root namespace); needs root.
 
 Rounds alternate the schemes, in an order rotated every round; each round of
-a scheme starts a fresh cluster and runs every workload once, after one
-untimed run of it at a tiny size (imports, first connections). What is
-measured around each timed part is in :mod:`benchmarks._workload_measure`;
-the tables report medians over the rounds and ratios against tcp and ucxx.
+a scheme starts a fresh cluster and runs every workload ``--repeat`` times
+(once by default), after one untimed run of it at a tiny size (imports, first
+connections). The first timed run finds the cluster as it started: memory
+its comm has not touched yet is committed on the way (lci's shared memory,
+the receive buffers of any scheme). The runs after it (rows ``... warm``)
+find what the first run left. What is measured around each timed part is in
+:mod:`benchmarks._workload_measure`; the tables report medians over the rounds
+and ratios against tcp and ucxx.
 """
 
 from __future__ import annotations
@@ -85,18 +89,18 @@ _SETTING = {s.name: s for s in SETTINGS}
 
 
 def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | None,
-                names: list[str], size: float) -> None:
+                names: list[str], size: float, repeat: int) -> None:
     """Child process: hold the client (and a ``LocalCluster`` when there is no
-    ``address``), run the workloads, report each one's measurement."""
+    ``address``), run the workloads, report each timed run's measurement."""
     ignore_sigint()
     try:
-        _drive(conn, scheme, setting, address, names, size)
+        _drive(conn, scheme, setting, address, names, size, repeat)
     except Exception:
         send_quietly(conn, ("failed", traceback.format_exc()))
 
 
 def _drive(conn: Connection, scheme: str, setting: Setting, address: str | None,
-           names: list[str], size: float) -> None:
+           names: list[str], size: float, repeat: int) -> None:
     from distributed import Client, LocalCluster
 
     # Every p2p shuffle's start and end, logged at warning level by the scheduler.
@@ -118,11 +122,12 @@ def _drive(conn: Connection, scheme: str, setting: Setting, address: str | None,
                 run = BY_NAME[name].run
                 try:
                     run(client, WARM_UP_SIZE, meter.timed)
-                    meter.last = None
-                    run(client, size, meter.timed)
-                    if meter.last is None:
-                        raise RuntimeError(f"{name} timed nothing")
-                    conn.send(("result", name, meter.last.to_json()))
+                    for index in range(repeat):
+                        meter.last = None
+                        run(client, size, meter.timed)
+                        if meter.last is None:
+                            raise RuntimeError(f"{name} timed nothing")
+                        conn.send(("result", name, {**meter.last.to_json(), "run": index}))
                 except Exception as exc:
                     conn.send(("error", name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
             conn.send(("links", link_providers(client) if scheme == "lci" else None))
@@ -153,22 +158,27 @@ def _scheduler(setting: Setting, scheme: str, logdir: Path) -> Iterator[str | No
 
 
 def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str], size: float,
-               logdir: Path) -> list[dict[str, Any]]:
-    """Records of every workload on one fresh cluster; errors become records.
-    lci's records name the providers each process's links ran over."""
+               repeat: int, logdir: Path) -> list[dict[str, Any]]:
+    """Records of every workload's timed runs on one fresh cluster; errors
+    become records. lci's records name the providers each process's links
+    ran over."""
     base = {"setting": setting.name, "scheme": scheme, "round": round_index}
     records: list[dict[str, Any]] = []
     try:
         with _scheduler(setting, scheme, logdir) as address, spawned(
-            driver_main, scheme, setting, address, names, size,
+            driver_main, scheme, setting, address, names, size, repeat,
             name=f"{scheme}-{setting.name}", daemon=False,
         ) as driver:
             expect(driver, "ready", _startup_s(setting) + 30)
-            for _ in names:
+            pending = dict.fromkeys(names, repeat)
+            while pending:
                 kind, name, payload = receive(driver, WORKLOAD_TIMEOUT_S)
                 _progress(_progress_line(setting, scheme, round_index, name, kind, payload))
                 records.append({**base, "workload": name,
                                 **(payload if kind == "result" else {"error": payload})})
+                pending[name] -= 1
+                if kind != "result" or not pending[name]:
+                    del pending[name]
             links = expect(driver, "links", 60)
     except (PeerError, RuntimeError, OSError) as exc:
         done = {r["workload"] for r in records}
@@ -183,7 +193,7 @@ def rotated(items: Sequence[str], shift: int) -> list[str]:
 
 
 def run(settings: Sequence[Setting], schemes: Sequence[str], rounds: int, names: list[str],
-        size: float, logdir: Path,
+        size: float, repeat: int, logdir: Path,
         on_round: Callable[[list[dict[str, Any]]], None] = lambda records: None,
         ) -> list[dict[str, Any]]:
     """Every round's records; ``on_round`` sees them all after each round."""
@@ -192,7 +202,7 @@ def run(settings: Sequence[Setting], schemes: Sequence[str], rounds: int, names:
         for round_index in range(rounds):
             for scheme in rotated(schemes, round_index):
                 started = time.monotonic()
-                records += _one_round(setting, scheme, round_index, names, size, logdir)
+                records += _one_round(setting, scheme, round_index, names, size, repeat, logdir)
                 _progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
                           f"{time.monotonic() - started:.0f} s")
                 on_round(records)
@@ -206,19 +216,28 @@ def _progress(line: str) -> None:
 def _progress_line(setting: Setting, scheme: str, round_index: int, name: str, kind: str,
                    payload: Any) -> str:
     what = f"{payload['seconds']:.2f} s" if kind == "result" else payload
-    return f"  {setting.name} r{round_index + 1} {scheme:>5} {name:<14} {what}"
+    if kind == "result" and payload["run"]:
+        name = row_name(name, payload["run"])
+    return f"  {setting.name} r{round_index + 1} {scheme:>5} {name:<19} {what}"
 
 
 # ------------------------------------------------------------------ reports
 
 
+def row_name(workload: str, run: int) -> str:
+    """A workload's row: its first run on a cluster, or the warm runs after it."""
+    return f"{workload} warm" if run else workload
+
+
 def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """``[setting][workload][scheme]``: the median of each measured value over
-    the rounds that succeeded (an even count: the mean of the middle two)."""
+    """``[setting][row][scheme]``: the median of each measured value over the
+    runs that succeeded (an even count: the mean of the middle two); a
+    workload's warm runs (see :func:`row_name`) have a row of their own."""
     grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in records:
         if "error" not in r:
-            grouped.setdefault((r["setting"], r["workload"], r["scheme"]), []).append(r)
+            row = row_name(r["workload"], r.get("run", 0))
+            grouped.setdefault((r["setting"], row, r["scheme"]), []).append(r)
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for (setting, workload, scheme), rs in grouped.items():
         out.setdefault(setting, {}).setdefault(workload, {})[scheme] = {
@@ -247,22 +266,24 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
                    schemes: Sequence[str]) -> str:
     """One row per workload: median seconds per scheme, lci's ratios; tcp's
     communication share in its two parts and the ratio lci would reach if
-    communication cost nothing (``1 - share``); CPU and peak memory against tcp."""
+    communication cost nothing (``1 - share``); CPU and peak memory against tcp.
+    The geometric means are of the first runs, and of the warm runs apart."""
     others = [s for s in schemes if s != "lci"]
     head = ["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others),
             "tcp comm", "tcp graph", "1-share", "cpu lci/tcp", "peak lci/tcp"]
     rows = [head]
-    ratios: dict[str, list[float]] = {s: [] for s in others}
-    for w in WORKLOADS:
-        m = per_workload.get(w.name, {})
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for run, w in [(run, w) for run in (0, 1) for w in WORKLOADS]:
+        name = row_name(w.name, run)
+        m = per_workload.get(name, {})
         if not m:
             continue
-        row = [w.name, *(_cell(m[s]["seconds"], ".2f") if s in m else "-" for s in schemes)]
+        row = [name, *(_cell(m[s]["seconds"], ".2f") if s in m else "-" for s in schemes)]
         for s in others:
             ratio = _ratio(m, "seconds", "lci", s)
             row.append(_cell(ratio, ".2f"))
             if ratio is not None:
-                ratios[s].append(ratio)
+                ratios.setdefault((run, s), []).append(ratio)
         tcp = m.get("tcp")
         row += [_cell(tcp["comm_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
                 _cell(tcp["graph_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
@@ -270,8 +291,10 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
                 _cell(_ratio(m, "cpu_seconds", "lci", "tcp"), ".2f"),
                 _cell(_ratio(m, "peak_mib", "lci", "tcp"), ".2f")]
         rows.append(row)
-    rows.append(["geometric mean", *("" for _ in schemes),
-                 *(_cell(geomean(ratios[s]), ".2f") for s in others), *[""] * 5])
+    for run in sorted({run for run, _ in ratios}):
+        rows.append([row_name("geometric mean", run), *("" for _ in schemes),
+                     *(_cell(geomean(ratios.get((run, s), [])), ".2f") for s in others),
+                     *[""] * 5])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                        for i, c in enumerate(r)) for r in rows]
@@ -283,7 +306,8 @@ def report_page(data: dict[str, Any]) -> str:
     env = data["environment"]
     argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
     lines = [
-        f"- command: `{argv}`, {data['rounds']} rounds, size {data['size']:g}",
+        f"- command: `{argv}`, {data['rounds']} rounds, {data.get('repeat', 1)} timed run(s) of "
+        f"each workload per cluster, size {data['size']:g}",
         f"- when: {env['timestamp']}; code: `{env['source']}`; took {data['seconds']:,} s",
         f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB; "
         f"Python {env['python']}, distributed {env['distributed']}",
@@ -311,6 +335,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
     parser.add_argument("--rounds", type=int, help="default: 3, or 1 with --quick")
     parser.add_argument("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="timed runs of each workload per cluster, default 1; the runs "
+                             "after the first are reported as warm")
     parser.add_argument("--json", type=Path, metavar="OUT",
                         help="write every round's records to OUT, again after each round")
     return parser
@@ -329,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]
     if unknown:
         parser.error(f"unknown workloads or settings: {unknown}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     settings = [_SETTING[s] for s in chosen]
     if any(s.per_host for s in settings):
         from dask_lcicomm.testing.netns import unavailable
@@ -350,14 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json.write_text(json.dumps({
                 "command": "workloads", "environment": environment,
                 "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
-                "size": size, "complete": complete, "seconds": round(time.monotonic() - started),
+                "repeat": args.repeat, "size": size, "complete": complete,
+                "seconds": round(time.monotonic() - started),
                 "records": records, "medians": medians(records),
                 "sources": {w.name: w.source for w in WORKLOADS},
             }, indent=1) + "\n")
 
     try:
         with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-            records = run(settings, schemes, rounds, names, size, Path(logdir), write)
+            records = run(settings, schemes, rounds, names, size, args.repeat, Path(logdir),
+                          write)
     except KeyboardInterrupt:
         _progress("interrupted; clusters and simulated hosts were removed")
         return 130

@@ -76,13 +76,15 @@ def test_table_has_every_workload_and_a_geometric_mean(quick_run: dict[str, Any]
 def test_across_simulated_hosts_lci_uses_shm_inside_and_tcp_between(tmp_path) -> None:
     out = tmp_path / "hosts.json"
     got = run_cli(["workloads", "--quick", "--settings", "hosts-1gbit", "--schemes", "lci",
-                   "--workloads", "rechunk-p2p"], out, timeout_s=300, plot=False)
+                   "--workloads", "rechunk-p2p", "--repeat", "2"], out, timeout_s=300, plot=False)
     assert got["proc"].returncode == 0, got["proc"].stderr[-3000:]
-    (record,) = got["data"]["records"]
-    workers = {k: v for k, v in record["links"].items() if k != "scheduler"}
+    first, warm = got["data"]["records"]
+    assert (first["run"], warm["run"]) == (0, 1) and warm["seconds"] > 0
+    assert "rechunk-p2p warm" in got["proc"].stdout
+    workers = {k: v for k, v in first["links"].items() if k != "scheduler"}
     assert len(workers) == 8
     for providers in workers.values():
-        assert providers == ["shm", "tcp"], record["links"]
+        assert providers == ["shm", "tcp"], first["links"]
 
 
 def test_worker_comm_seconds_counts_transfers_only() -> None:
@@ -100,9 +102,10 @@ def test_worker_comm_seconds_counts_transfers_only() -> None:
     assert worker_comm_seconds(worker) == 3.5
 
 
-def _record(scheme: str, workload: str, seconds: float, round_index: int = 0) -> dict[str, Any]:
+def _record(scheme: str, workload: str, seconds: float, round_index: int = 0,
+            run: int = 0) -> dict[str, Any]:
     return {"setting": "local-2", "scheme": scheme, "workload": workload, "round": round_index,
-            "seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
+            "run": run, "seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
             "comm_seconds": seconds / 4, "graph_seconds": 0.0, "share": 0.25}
 
 
@@ -122,6 +125,23 @@ def test_medians_skip_errors_and_ratios_form_a_geometric_mean() -> None:
     assert text.splitlines()[-1].split()[-1] == "1.00"  # sqrt(0.5 * 2)
     assert math.isclose(geomean([0.5, 2.0]) or 0, 1.0)
     assert geomean([]) is None
+
+
+def test_warm_runs_have_rows_and_a_geometric_mean_of_their_own() -> None:
+    records = [
+        _record("tcp", "align", 1.0), _record("lci", "align", 2.0),
+        _record("tcp", "align", 1.0, run=1), _record("tcp", "align", 3.0, run=2),
+        _record("lci", "align", 1.0, run=1), _record("lci", "align", 1.0, run=2),
+    ]
+    table = medians(records)["local-2"]
+    assert table["align"]["lci"]["seconds"] == 2.0
+    assert table["align warm"]["tcp"]["seconds"] == 2.0  # runs 1 and 2 together
+    assert table["align warm"]["lci"]["rounds"] == 2
+    lines = format_setting(SETTINGS[0], table, ["lci", "tcp"]).splitlines()
+    rows = {line.split("  ")[0].strip(): line.split() for line in lines[2:]}
+    assert rows["align"][3] == "2.00" and rows["align warm"][4] == "0.50"
+    assert rows["geometric mean"][-1] == "2.00"
+    assert rows["geometric mean warm"][-1] == "0.50"
 
 
 def test_rounds_rotate_the_schemes() -> None:
