@@ -242,15 +242,19 @@ def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict
     for (setting, workload, scheme), rs in grouped.items():
         out.setdefault(setting, {}).setdefault(workload, {})[scheme] = {
             key: statistics.median(r[key] for r in rs)
-            for key in ("seconds", "cpu_seconds", "peak_mib", "comm_seconds", "graph_seconds",
-                        "share")
-        } | {"rounds": len(rs)}
+            for key in ("seconds", "cpu_seconds", "system_seconds", "minor_faults", "peak_mib",
+                        "comm_seconds", "graph_seconds", "share")
+            if all(key in r for r in rs)
+        } | {"runs": len(rs)}
     return out
 
 
 def _ratio(m: dict[str, dict[str, float]], key: str, a: str, b: str) -> float | None:
-    if a in m and b in m and m[b][key] > 0:
-        return m[a][key] / m[b][key]
+    """``a``'s ``key`` over ``b``'s; None where either lacks it (a run saved
+    before the key was measured)."""
+    over = m.get(b, {}).get(key, 0.0)
+    if over > 0 and key in m.get(a, {}):
+        return m[a][key] / over
     return None
 
 
@@ -266,11 +270,12 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
                    schemes: Sequence[str]) -> str:
     """One row per workload: median seconds per scheme, lci's ratios; tcp's
     communication share in its two parts and the ratio lci would reach if
-    communication cost nothing (``1 - share``); CPU and peak memory against tcp.
+    communication cost nothing (``1 - share``); CPU, minor page faults and peak
+    memory against tcp.
     The geometric means are of the first runs, and of the warm runs apart."""
     others = [s for s in schemes if s != "lci"]
     head = ["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others),
-            "tcp comm", "tcp graph", "1-share", "cpu lci/tcp", "peak lci/tcp"]
+            "tcp comm", "tcp graph", "1-share", "cpu lci/tcp", "faults lci/tcp", "peak lci/tcp"]
     rows = [head]
     ratios: dict[tuple[int, str], list[float]] = {}
     for run, w in [(run, w) for run in (0, 1) for w in WORKLOADS]:
@@ -289,12 +294,13 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
                 _cell(tcp["graph_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
                 _cell(1 - tcp["share"] if tcp else None, ".2f"),
                 _cell(_ratio(m, "cpu_seconds", "lci", "tcp"), ".2f"),
+                _cell(_ratio(m, "minor_faults", "lci", "tcp"), ".2f"),
                 _cell(_ratio(m, "peak_mib", "lci", "tcp"), ".2f")]
         rows.append(row)
     for run in sorted({run for run, _ in ratios}):
         rows.append([row_name("geometric mean", run), *("" for _ in schemes),
                      *(_cell(geomean(ratios.get((run, s), [])), ".2f") for s in others),
-                     *[""] * 5])
+                     *[""] * 6])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                        for i, c in enumerate(r)) for r in rows]

@@ -47,6 +47,7 @@ def test_every_workload_measured_on_each_scheme(quick_run: dict[str, Any]) -> No
     assert seen == {(s, n) for s in ("lci", "tcp") for n in NAMES}
     for r in data["records"]:
         assert r["seconds"] > 0 and r["cpu_seconds"] > 0 and r["peak_mib"] > 0
+        assert 0 <= r["system_seconds"] <= r["cpu_seconds"] and r["minor_faults"] > 0
         assert 0 <= r["share"] <= 1
     assert data["sources"] == {w.name: w.source for w in WORKLOADS}
 
@@ -119,9 +120,11 @@ def test_medians_skip_errors_and_ratios_form_a_geometric_mean() -> None:
     ]
     table = medians(records)["local-2"]
     assert table["array-sum"]["tcp"]["seconds"] == 3.0
-    assert table["array-sum"]["lci"]["rounds"] == 1
+    assert table["array-sum"]["lci"]["runs"] == 1
     text = format_setting(SETTINGS[0], table, ["lci", "tcp"])
     assert "0.50" in text and "2.00" in text  # lci/tcp of each
+    # Records without page faults (runs saved before they were counted): no ratio.
+    assert text.splitlines()[2].split()[8] == "-"
     assert text.splitlines()[-1].split()[-1] == "1.00"  # sqrt(0.5 * 2)
     assert math.isclose(geomean([0.5, 2.0]) or 0, 1.0)
     assert geomean([]) is None
@@ -136,7 +139,7 @@ def test_warm_runs_have_rows_and_a_geometric_mean_of_their_own() -> None:
     table = medians(records)["local-2"]
     assert table["align"]["lci"]["seconds"] == 2.0
     assert table["align warm"]["tcp"]["seconds"] == 2.0  # runs 1 and 2 together
-    assert table["align warm"]["lci"]["rounds"] == 2
+    assert table["align warm"]["lci"]["runs"] == 2
     lines = format_setting(SETTINGS[0], table, ["lci", "tcp"]).splitlines()
     rows = {line.split("  ")[0].strip(): line.split() for line in lines[2:]}
     assert rows["align"][3] == "2.00" and rows["align warm"][4] == "0.50"
