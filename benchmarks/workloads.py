@@ -271,8 +271,7 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
     """One row per workload: median seconds per scheme, lci's ratios; tcp's
     communication share in its two parts and the ratio lci would reach if
     communication cost nothing (``1 - share``); CPU, minor page faults and peak
-    memory against tcp.
-    The geometric means are of the first runs, and of the warm runs apart."""
+    memory against tcp. One geometric mean of the first runs, one of the warm runs."""
     others = [s for s in schemes if s != "lci"]
     head = ["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others),
             "tcp comm", "tcp graph", "1-share", "cpu lci/tcp", "faults lci/tcp", "peak lci/tcp"]
