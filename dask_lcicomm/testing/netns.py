@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -96,7 +96,7 @@ def virtual_hosts(
     if len(addresses) < n:
         raise ValueError(f"{subnet} has room for fewer than {n} hosts")
     addresses = addresses[:n]
-    bridge = f"{_PREFIX}br{tag}"
+    bridge = _bridge(tag)
     with ExitStack() as cleanup:
         _make_neighbour_room(n * (n + 1), cleanup)
         _ip("link", "add", bridge, "type", "bridge")
@@ -105,8 +105,7 @@ def virtual_hosts(
         _ip("link", "set", bridge, "up")
         hosts = []
         for i, address in enumerate(addresses):
-            name = f"{_PREFIX}-{tag}-{i}"
-            outside, inside = f"{_PREFIX}{tag}o{i}", f"{_PREFIX}{tag}i{i}"
+            name, outside, inside = _host_names(tag, i)
             _ip("netns", "add", name)
             cleanup.callback(_ip, "netns", "delete", name)
             _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
@@ -128,17 +127,46 @@ def virtual_hosts(
         yield hosts
 
 
-def _make_neighbour_room(entries: int, cleanup: ExitStack) -> None:
+def _bridge(tag: str) -> str:
+    return f"{_PREFIX}br{tag}"
+
+
+def _host_names(tag: str, index: int) -> tuple[str, str, str]:
+    """A host's namespace, and the outside and inside ends of its veth."""
+    return f"{_PREFIX}-{tag}-{index}", f"{_PREFIX}{tag}o{index}", f"{_PREFIX}{tag}i{index}"
+
+
+def remove_left_behind(namespaces: Iterable[str]) -> None:
+    """Remove hosts that :func:`virtual_hosts` made in a process killed
+    before it cleaned up: each namespace, its veth and its bridge, and the
+    room it made in the ARP table for them (given all hosts of that call).
+    Names this module did not make are left alone."""
+    removed: dict[str, int] = {}
+    for name in namespaces:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != _PREFIX or not parts[2].isdigit():
+            continue
+        _, tag, index = parts
+        if subprocess.run(["ip", "netns", "delete", name], capture_output=True).returncode == 0:
+            removed[tag] = removed.get(tag, 0) + 1
+        _delete_link_if_present(_host_names(tag, int(index))[1])
+        _delete_link_if_present(_bridge(tag))
+    for n in removed.values():
+        _make_neighbour_room(-n * (n + 1))
+
+
+def _make_neighbour_room(entries: int, cleanup: ExitStack | None = None) -> None:
     """Let the ARP table hold ``entries`` more than it may now (soft and
-    hard bounds, ``gc_thresh2`` and ``gc_thresh3``). On cleanup a bound
-    returns to its value before, unless somebody changed it meanwhile (a
-    testbed of another process, say): theirs stands."""
+    hard bounds, ``gc_thresh2`` and ``gc_thresh3``); fewer, if negative. On
+    ``cleanup`` a bound returns to its value before, unless somebody changed
+    it meanwhile (a testbed of another process, say): theirs stands."""
     for level in (2, 3):
         path = _NEIGHBOUR_BOUNDS.format(level)
         before = _read(path)
         raised = str(int(before) + entries * (level - 1))
         _write(path, raised)
-        cleanup.callback(_restore, path, raised, before)
+        if cleanup is not None:
+            cleanup.callback(_restore, path, raised, before)
 
 
 def _read(path: str) -> str:

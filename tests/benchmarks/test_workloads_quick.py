@@ -27,7 +27,7 @@ from benchmarks.workloads import (
     report_page,
     rotated,
 )
-from dask_lcicomm.testing.netns import unavailable
+from dask_lcicomm.testing.netns import remove_left_behind, unavailable
 
 NAMES = [w.name for w in WORKLOADS]
 
@@ -219,24 +219,15 @@ def test_a_sigterm_removes_the_simulated_hosts_and_every_process_of_the_run() ->
             runner.wait()
         left = made & _namespaces()
         _, alive = psutil.wait_procs(started, timeout=10)
-        _remove(left, alive)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        remove_left_behind(left)
     assert runner.returncode == 130, stderr[-3000:]
     assert "interrupted" in stderr
     assert not left and not alive, (left, alive)
-
-
-def _remove(namespaces: set[str], processes: list[psutil.Process]) -> None:
-    """What a failed run left behind: its processes, namespaces and bridge."""
-    for proc in processes:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    for name in namespaces:
-        subprocess.run(["ip", "netns", "delete", name], check=False)
-        _, tag, index = name.split("-")
-        for link in (f"lci{tag}o{index}", f"lcibr{tag}"):
-            subprocess.run(["ip", "link", "delete", link], check=False, capture_output=True)
 
 
 def test_a_wrong_result_raises() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from dask_lcicomm.testing import netns
@@ -30,3 +33,34 @@ def test_a_bound_somebody_else_changed_meanwhile_stands():
         assert _bounds() == (before[0], before[1] + 5000)
     finally:
         netns._write(path, str(before[1]))
+
+
+def _links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+
+
+def test_hosts_a_killed_process_left_behind_are_removed_and_others_are_not():
+    code = ("import sys, time\nfrom dask_lcicomm.testing.netns import virtual_hosts\n"
+            "with virtual_hosts(2, '10.215.0.0/24') as hosts:\n"
+            "    print(' '.join(h.name for h in hosts), flush=True)\n"
+            "    time.sleep(120)\n")
+    bounds = _bounds()
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        names = child.stdout.readline().split()
+    finally:
+        child.kill()
+        child.wait()
+    tag = names[0].split("-")[1]
+    foreign = f"other-{tag}-0"
+    subprocess.run(["ip", "netns", "add", foreign], check=True)
+    try:
+        assert tag in _links()  # the killed process removed nothing
+        netns.remove_left_behind([*names, foreign])
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not any(name in listed for name in names) and foreign in listed
+        assert tag not in _links()
+        assert _bounds() == bounds
+    finally:
+        subprocess.run(["ip", "netns", "delete", foreign], check=False)
