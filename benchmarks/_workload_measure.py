@@ -103,19 +103,25 @@ def _summed_pss(pids: set[int]) -> int:
     return sum(_pss_bytes(pid) for pid in pids)
 
 
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
 def _counters(pids: set[int]) -> tuple[float, float, float]:
-    """CPU seconds, system seconds and minor page faults, summed over ``pids``."""
+    """CPU seconds, system seconds and minor page faults, summed over ``pids``
+    (one read of ``/proc/<pid>/stat`` each)."""
     cpu = system = faults = 0.0
     for pid in pids:
         try:
-            times = psutil.Process(pid).cpu_times()
             with open(f"/proc/{pid}/stat") as stat:
-                # The fields after the command's closing parenthesis; minflt is the 8th.
-                faults += int(stat.read().rsplit(")", 1)[1].split()[7])
-        except (psutil.Error, OSError):
+                # The fields after the command's closing parenthesis: minflt is
+                # the 8th, utime and stime the 12th and 13th (in clock ticks).
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
             continue
-        cpu += times.user + times.system
-        system += times.system
+        user, kernel = int(fields[11]) * _TICK_S, int(fields[12]) * _TICK_S
+        cpu += user + kernel
+        system += kernel
+        faults += int(fields[7])
     return cpu, system, faults
 
 
