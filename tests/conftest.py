@@ -1,6 +1,6 @@
 """Shared fixtures: devices over a socket pair (and, for shm, two shared
-segments; for ucx, the UCX workers of two engines), progressed by a real
-engine."""
+segments; for ucx and the in-process message fabric, the fabric endpoints
+of two engines), progressed by a real engine."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import socket
 
 import pytest
+from fabric_support import MemoryFabric, fabric_devices
 from ucx_support import ucx_devices
 
 from dask_lcicomm.parcel import Limits
@@ -89,7 +90,7 @@ def endpoint_pair():
     def make(mode="loop", sndbuf=None, provider="tcp", pool=None, **kwargs):
         """With ``provider="shm"``, ``sndbuf`` is the ring size and large
         frames go through the ring unless a ``pool`` is given explicitly;
-        with ``provider="ucx"`` it has no effect."""
+        with a message fabric (``"ucx"``, ``"memory"``) it has no effect."""
         loop = asyncio.get_running_loop()
         if provider == "shm":
             socks = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -105,14 +106,16 @@ def endpoint_pair():
             if pool is None:
                 pool = 0 if sndbuf else 64 << 20
             transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
-        elif provider == "ucx":
+        elif provider in ("ucx", "memory"):
             transports = [None, None]
         made = []
         try:
             for transport in transports:
                 made.append(Endpoint(loop, transport, mode, **kwargs))
-            if provider == "ucx":
-                for end, device in zip(made, ucx_devices(loop, made), strict=True):
+            if provider in ("ucx", "memory"):
+                devices = (ucx_devices(loop, made) if provider == "ucx"
+                           else fabric_devices(loop, made, "memory", MemoryFabric))
+                for end, device in zip(made, devices, strict=True):
                     end.attach(device)
             yield made
         finally:

@@ -141,7 +141,8 @@ def connect_timeout() -> float:
 class Device(ABC):
     """One endpoint of a channel between two parcelports."""
 
-    provider: ClassVar[str]
+    #: The provider's name.
+    provider: str
     watch_writable: ClassVar[bool] = True
     #: Where progress waits for this device, if not on its own descriptor.
     source: SharedSource | None = None

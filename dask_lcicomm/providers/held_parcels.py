@@ -1,7 +1,7 @@
 """Parcels held back until the bulk messages they name have reached the
 peer, in order per virtual connection: a parcel with large bulk groups joins
 its device's stream only then, so that it never holds up the small parcels
-of other virtual connections (see :mod:`.ucx_device`)."""
+of other virtual connections (see :mod:`.message_device`)."""
 
 from __future__ import annotations
 

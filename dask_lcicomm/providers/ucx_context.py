@@ -1,13 +1,7 @@
-"""The process's UCX context, and the tags of the ucx provider's messages.
+"""The process's UCX context.
 
 UCX reads its configuration once per process, when its context opens; every
 worker of the process is made from that context.
-
-A tag is::
-
-    | route: 32 bits | kind: 2 bits | number: 30 bits |
-
-(see :mod:`.ucx_worker` for routes, :mod:`.ucx_device` for kinds and numbers).
 """
 
 from __future__ import annotations
@@ -20,14 +14,6 @@ from typing import Any
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers.registry import ProviderUnavailable
 from dask_lcicomm.providers.ucx_options import UcxOptions
-
-#: Message kinds. A stream message carries bytes of the parcel stream;
-#: a bulk message one bulk group of a parcel (prompt: its parcel follows at
-#: once); a control message a WELCOME or an END, in stream order.
-STREAM, BULK, PROMPT, CONTROL = range(4)
-WELCOME, END = range(2)
-NUMBER_BITS = 30
-NUMBER_MASK = (1 << NUMBER_BITS) - 1
 
 
 @functools.cache
@@ -48,11 +34,6 @@ def _array_type() -> Any:
 def array(buffer: Any) -> Any:
     """``buffer`` as ucxx takes it."""
     return _array_type()(buffer)
-
-
-def tag(route: int, kind: int, number: int) -> Any:
-    """The tag of a message of ``kind`` to ``route``."""
-    return bindings().UCXXTag(route << 32 | kind << NUMBER_BITS | (number & NUMBER_MASK))
 
 
 @functools.cache

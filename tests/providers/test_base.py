@@ -18,7 +18,8 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers.base import DeviceClosed, DeviceLost, SendDone
 
 MODES = ["loop", "thread", "poll"]
-PROVIDERS = ["tcp", "shm", needs_ucx("ucx", id="ucx")]
+#: "memory" is a message fabric inside the process (tests/fabric_support.py).
+PROVIDERS = ["tcp", "shm", needs_ucx("ucx", id="ucx"), "memory"]
 
 
 def _messages(events, vc=None):

@@ -1,17 +1,20 @@
-"""A ucx device's own cases: hostile messages on its route, bulk groups out
-of band. The cases every provider shares are in test_base.py."""
+"""A message device's own cases, on every message fabric: hostile messages
+on its route, bulk groups out of band. The cases every provider shares are
+in test_base.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from distributed.utils_test import gen_test
-from ucx_support import UCX_MISSING, lost, raw_send
+from fabric_support import lost, raw_send
+from ucx_support import needs_ucx
 
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
-from dask_lcicomm.providers import ucx_context
+from dask_lcicomm.providers import message_fabric
 
-pytestmark = pytest.mark.skipif(UCX_MISSING is not None, reason=f"no ucx provider: {UCX_MISSING}")
+#: The message fabrics; "memory" is one inside the process (tests/fabric_support.py).
+FABRICS = ["memory", needs_ucx("ucx", id="ucx")]
 
 
 def _unsent_group() -> bytes:
@@ -26,24 +29,25 @@ def _unsent_group() -> bytes:
 
 #: What a peer sends on its own route, as (data, kind, number).
 HOSTILE = {
-    "garbage in the stream": (b"not a parcel stream at all", ucx_context.STREAM, 0),
-    "placed group that never arrived": (_unsent_group(), ucx_context.STREAM, 0),
-    "bulk message over the limit": (bytes(2 << 20), ucx_context.BULK, 5),
-    "stream waiting for prompt messages never sent": (b"x", ucx_context.STREAM, 3),
-    "a second welcome": (bytes(4), ucx_context.CONTROL, ucx_context.WELCOME),
-    "an unknown control message": (b"", ucx_context.CONTROL, 9),
+    "garbage in the stream": (b"not a parcel stream at all", message_fabric.STREAM, 0),
+    "placed group that never arrived": (_unsent_group(), message_fabric.STREAM, 0),
+    "bulk message over the limit": (bytes(2 << 20), message_fabric.BULK, 5),
+    "stream waiting for prompt messages never sent": (b"x", message_fabric.STREAM, 3),
+    "a second welcome": (bytes(4), message_fabric.CONTROL, message_fabric.WELCOME),
+    "an unknown control message": (b"", message_fabric.CONTROL, 9),
 }
 
 
+@pytest.mark.parametrize("fabric", FABRICS)
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @gen_test(timeout=30)
-async def test_a_hostile_ucx_peer_loses_its_device_alone(endpoint_pair, case):
+async def test_a_hostile_peer_loses_its_device_alone(endpoint_pair, case, fabric):
     """The device that received it closes, reporting a protocol violation;
     a second device next to it keeps working."""
     data, kind, number = HOSTILE[case]
     limits = Limits(max_message_bytes=1 << 20)
-    with endpoint_pair("loop", provider="ucx", limits=limits) as (a, b), \
-            endpoint_pair("loop", provider="ucx") as (c, d):
+    with endpoint_pair("loop", provider=fabric, limits=limits) as (a, b), \
+            endpoint_pair("loop", provider=fabric) as (c, d):
         raw_send(a, data, b.device.route, kind, number)
         await b.wait_for(lambda ev: bool(lost(ev)))
         assert lost(b.events)[0].violation, lost(b.events)
@@ -51,11 +55,12 @@ async def test_a_hostile_ucx_peer_loses_its_device_alone(endpoint_pair, case):
         await d.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
 
 
+@pytest.mark.parametrize("fabric", FABRICS)
 @gen_test(timeout=30)
-async def test_a_small_parcel_passes_a_large_one_in_flight(endpoint_pair):
+async def test_a_small_parcel_passes_a_large_one_in_flight(endpoint_pair, fabric):
     """The large parcel's bulk group travels out of band: the small parcel
     written after it on another virtual connection is delivered first."""
-    with endpoint_pair("loop", provider="ucx") as (a, b):
+    with endpoint_pair("loop", provider=fabric) as (a, b):
         a.send(1, OutgoingParcel(1, 0, [np.ones(64 << 20, np.uint8)], 1024, 65536))
         a.send(2, OutgoingParcel(2, 0, [b"small"], 1024, 65536))
         await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 2, timeout=30)

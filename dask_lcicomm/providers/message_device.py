@@ -1,15 +1,15 @@
-"""A ucx device: one UCX endpoint of the worker its engine shares.
+"""A message device: one peer of a process's endpoint on a message fabric
+(:mod:`.message_fabric`), the same for every such fabric.
 
-:mod:`.ucx_worker` tells how a message finds its device and how a device is
-asked for and welcomed. A message is:
+A message is:
 
 * a *stream* message: bytes of the parcel stream (heads, eager frames, the
   other control units), in order;
-* a *bulk* message: one bulk group of a parcel, written nowhere first. UCX
-  sends a large one by its rendezvous protocol (an RDMA read by the receiver
-  on a real fabric), and the buffer it lands in becomes the frames handed to
-  Dask. Its tag numbers it; the parcel names that number (a PLACED record,
-  see :mod:`dask_lcicomm.parcel`);
+* a *bulk* message: one bulk group of a parcel, written nowhere first. The
+  fabric sends a large one by its rendezvous protocol (an RDMA read by the
+  receiver on a real fabric), and the buffer it lands in becomes the frames
+  handed to Dask. Its tag numbers it; the parcel names that number (a PLACED
+  record, see :mod:`dask_lcicomm.parcel`);
 * a *control* message: the WELCOME that answers a hello, and the END of the
   output, in stream order.
 
@@ -22,9 +22,9 @@ prompt ones sent before it, and the receiver reads the stream on only once
 they have arrived, which costs later parcels little and spares this one a
 round trip.
 
-A peer that dies is reported by UCX's error handling on its endpoint. UCX
-does not tell a peer that an endpoint closed while its process lives: an END
-behind everything sent says so, also when a device is closed abruptly.
+A peer that dies is reported by the fabric (:meth:`MessageDevice.peer_failed`).
+A fabric need not tell a peer that a handle closed while its process lives:
+an END behind everything sent says so, also when a device is closed abruptly.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers import ucx_worker
 from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
-from dask_lcicomm.providers.send_queue import Unit
-from dask_lcicomm.providers.ucx_context import (
+from dask_lcicomm.providers.message_fabric import (
     BULK,
     CONTROL,
     END,
@@ -51,55 +49,59 @@ from dask_lcicomm.providers.ucx_context import (
     PROMPT,
     STREAM,
     WELCOME,
-    array,
+    MessageFabric,
+    Request,
+    RoutedDevice,
+    peer_route,
     tag,
 )
-from dask_lcicomm.providers.ucx_worker import RoutedDevice, UcxWorker
+from dask_lcicomm.providers.send_queue import Unit
 
-#: Stream bytes in flight, in send batches, before sends wait for UCX.
+#: Stream bytes in flight, in send batches, before sends wait for the fabric.
 _INFLIGHT_BATCHES = 8
 _HALF = 1 << (NUMBER_BITS - 1)
 
 
-class UcxDevice(RoutedDevice):
-    """A device over one endpoint of the shared worker; made under its lock."""
+class MessageDevice(RoutedDevice):
+    """A device over one peer handle of the shared fabric; made under its
+    lock. A provider names it (:attr:`provider`) and adds nothing else."""
 
-    provider = "ucx"
     watch_writable = False
 
     def __init__(
         self,
-        worker: UcxWorker,
-        endpoint: Any,
+        fabric: MessageFabric,
+        peer: Any,
         peer_route: int,
         options: DeviceOptions,
         local_address: str,
         peer_address: str,
     ) -> None:
         super().__init__(options, local_address, peer_address, placement=self._take_bulk)
-        self.source = self._worker = worker
+        self.source = self._fabric = fabric
+        self.provider = fabric.provider
         self._max_bulk_bytes = options.limits.max_message_bytes
         self._max_bulk_count = options.limits.max_frames
         self._batch_bytes = options.batch_bytes
-        # Stream bytes UCX may hold before writers wait: back-pressure when
+        # Stream bytes the fabric may hold before writers wait: back-pressure when
         # the peer takes them more slowly than they are written.
         self._max_inflight = _INFLIGHT_BATCHES * options.batch_bytes
-        self._endpoint = endpoint
+        self._peer = peer
         #: Where the peer receives: 0 until its WELCOME says.
         self._peer_route = peer_route
         #: Told the peer's WELCOME (None) or why none will come.
         self.on_welcome: Callable[[str | None], None] | None = None
-        # Lock order: held, then the device lock, then the worker's.
+        # Lock order: held, then the device lock, then the fabric's.
         self._held_lock = threading.Lock()
         self._failed: str | None = None
         self._violation: str | None = None
-        # Send side: parcels waiting for their bulk messages; requests UCX
-        # has not finished.
+        # Send side: parcels waiting for their bulk messages; requests the
+        # fabric has not finished.
         self._held = HeldParcels()
         self._finish_when_sent = False
-        # The output ends once UCX has finished the sends in flight.
+        # The output ends once the fabric has finished the sends in flight.
         self._end_after_sends = False
-        self._inflight: deque[tuple[Any, int, Any, Held | None]] = deque()
+        self._inflight: deque[tuple[Request, int, Any, Held | None]] = deque()
         self._inflight_bytes = 0
         self._bulk_sent = 0
         self._prompt_sent = 0
@@ -107,21 +109,21 @@ class UcxDevice(RoutedDevice):
         # Receive side: stream and control messages being received, in
         # order, each with the prompt bulk messages it waits for; bulk
         # messages by number until their parcel takes them.
-        self._receiving: deque[tuple[Any, np.ndarray, int, int, int]] = deque()
-        self._prompt: deque[Any] = deque()
+        self._receiving: deque[tuple[Request, np.ndarray, int, int, int]] = deque()
+        self._prompt: deque[Request] = deque()
         self._prompt_seen = 0
         self._prompt_done = 0
         self._stream: deque[memoryview] = deque()
-        self._bulk: dict[int, tuple[Any, np.ndarray]] = {}
+        self._bulk: dict[int, tuple[Request, np.ndarray]] = {}
         self._bulk_bytes = 0
         self._end = False
         #: Whether our END is posted.
         self._ended = False
-        self.route = worker.add(self)
-        worker.watch_endpoint(endpoint, self)
+        self.route = fabric.add(self)
+        fabric.watch(peer, self)
 
     def fileno(self) -> int:
-        return self._worker.fileno()
+        return self._fabric.fileno()
 
     @property
     def input_pending(self) -> bool:
@@ -153,8 +155,8 @@ class UcxDevice(RoutedDevice):
 
     def hello(self, listener: int) -> None:
         """Ask the peer's listener numbered ``listener`` for its end (under
-        the worker's lock)."""
-        message = self._worker.hello(listener, self.route, self.local_address, self.peer_address)
+        the fabric's lock)."""
+        message = self._fabric.hello(listener, self.route, self.local_address, self.peer_address)
         self._post(message, CONTROL, 0, 0, None)
 
     def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
@@ -164,7 +166,7 @@ class UcxDevice(RoutedDevice):
         """Send each bulk group of ``parcel`` as a message of its own; the
         parcel then carries only their numbers. Without ``held`` they are
         prompt: the parcel follows at once."""
-        with self._worker.lock:
+        with self._fabric.lock:
             for group, views in enumerate(parcel.bulk_groups):
                 message = views[0] if len(views) == 1 else b"".join(views)
                 number = self._bulk_sent & NUMBER_MASK
@@ -177,17 +179,17 @@ class UcxDevice(RoutedDevice):
                 self._bulk_sent += 1
 
     def _post(self, message: Any, kind: int, number: int, nbytes: int, held: Held | None) -> None:
-        """Hand ``message`` to UCX (under the worker's lock); ``nbytes`` of it
+        """Hand ``message`` to the fabric (under its lock); ``nbytes`` of it
         count against the stream's bytes in flight."""
-        request = self._endpoint.tag_send(array(message), tag(self._peer_route, kind, number))
+        request = self._fabric.send(self._peer, tag(self._peer_route, kind, number), message)
         if request.completed:
             self._completed(request, held)
         else:
             self._inflight.append((request, nbytes, message, held))
             self._inflight_bytes += nbytes
-            self._worker.busy(self)
+            self._fabric.busy(self)
 
-    def _completed(self, request: Any, held: Held | None) -> None:
+    def _completed(self, request: Request, held: Held | None) -> None:
         try:
             request.check_error()
         except Exception as e:
@@ -226,8 +228,8 @@ class UcxDevice(RoutedDevice):
         return super().flush() and not self._held
 
     def finish(self) -> bool:
-        """As for any device, but done only once UCX has finished every send:
-        closing the endpoint earlier would abort the transfers under way."""
+        """As for any device, but done only once the fabric has finished every
+        send: closing the peer handle earlier would abort the transfers under way."""
         with self._held_lock:
             if self._held:
                 self._finish_when_sent = True
@@ -250,7 +252,7 @@ class UcxDevice(RoutedDevice):
             n += memoryview(buffer).nbytes
             if n >= self._batch_bytes:
                 break
-        with self._worker.lock:
+        with self._fabric.lock:
             self._reap_sends()
             if self._inflight_bytes >= self._max_inflight:
                 raise BlockingIOError
@@ -258,7 +260,7 @@ class UcxDevice(RoutedDevice):
         return n
 
     def _reap_sends(self) -> bool:
-        """Finish the sends UCX has completed (under the worker's lock)."""
+        """Finish the sends the fabric has completed (under its lock)."""
         inflight = self._inflight
         reaped = False
         for _ in range(len(inflight)):
@@ -276,13 +278,13 @@ class UcxDevice(RoutedDevice):
         return reaped
 
     def _post_end(self) -> None:
-        """End the output (under the worker's lock)."""
+        """End the output (under the fabric's lock)."""
         self._ended = True
         self._post(b"", CONTROL, END, 0, None)
 
-    # -- receiving (under the worker's lock) --------------------------------
+    # -- receiving (under the fabric's lock) --------------------------------
 
-    def arrived(self, kind: int, number: int, nbytes: int, probe: Any) -> None:
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
         """Receive each message into a buffer of its length, allocated once
         that length passed the limits. Stream and control messages are taken
         in order once complete; bulk messages are set aside by number, so
@@ -295,7 +297,7 @@ class UcxDevice(RoutedDevice):
                 raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
             if number in self._bulk:
                 raise ProtocolError(f"bulk message {number} arrived twice")
-            request, buffer = self._receive(nbytes, probe)
+            request, buffer = self._receive(nbytes, message)
             self._bulk[number] = (request, buffer)
             if kind == PROMPT:
                 self._prompt.append(request)
@@ -312,12 +314,12 @@ class UcxDevice(RoutedDevice):
         elif number == (END if self._peer_route else WELCOME):
             required = 0
         else:
-            raise ProtocolError(f"an unexpected UCX control message {number}")
-        self._receiving.append((*self._receive(nbytes, probe), kind, number, required))
+            raise ProtocolError(f"an unexpected control message {number}")
+        self._receiving.append((*self._receive(nbytes, message), kind, number, required))
 
-    def _receive(self, nbytes: int, probe: Any) -> tuple[Any, np.ndarray]:
+    def _receive(self, nbytes: int, message: Any) -> tuple[Request, np.ndarray]:
         buffer = np.empty(nbytes, np.uint8)
-        return self._worker.worker.tag_recv_with_handle(array(buffer), probe), buffer
+        return self._fabric.receive(message, buffer), buffer
 
     def reap(self) -> bool:
         reaped = self._reap_sends()
@@ -345,12 +347,12 @@ class UcxDevice(RoutedDevice):
 
     @property
     def busy(self) -> bool:
-        """Whether UCX has work of this device under way."""
+        """Whether the fabric has work of this device under way."""
         return bool(self._inflight or self._receiving or self._prompt)
 
     def _welcomed(self, message: np.ndarray) -> None:
         try:
-            self._peer_route = ucx_worker.peer_route(message)
+            self._peer_route = peer_route(message)
         except ProtocolError as e:
             self.violated(str(e))
             return
@@ -362,8 +364,8 @@ class UcxDevice(RoutedDevice):
         if self.on_welcome is not None:
             self.on_welcome(f"protocol error: {reason}")
 
-    def endpoint_failed(self) -> None:
-        self._failed = self._failed or "the UCX endpoint failed"
+    def peer_failed(self) -> None:
+        self._failed = self._failed or f"the {self.provider} fabric lost the peer"
         if self.on_welcome is not None and not self._peer_route:
             self.on_welcome(self._failed)
 
@@ -416,10 +418,10 @@ class UcxDevice(RoutedDevice):
 
     def _shutdown(self, both: bool) -> None:
         """End the output: an END behind every send in flight. (``both``
-        follows a failed send, already reported: release closes the endpoint.)"""
+        follows a failed send, already reported: release closes the peer handle.)"""
         if both:
             return
-        with self._worker.lock:
+        with self._fabric.lock:
             if self._inflight:
                 self._end_after_sends = True
             else:
@@ -427,20 +429,19 @@ class UcxDevice(RoutedDevice):
 
     def _close_transport(self) -> None:
         self._decoder.placement = None
-        worker = self._worker
-        with worker.lock:
-            # The peer's UCX does not see an endpoint close while this
+        fabric = self._fabric
+        with fabric.lock:
+            # The peer's fabric need not see a handle close while this
             # process lives: the END tells it, behind what is in flight.
             if self._peer_route and not self._ended and self._failed is None:
                 self._post_end()
-            endpoint, self._endpoint = self._endpoint, None
-            endpoint.remove_close_callback()
+            peer, self._peer = self._peer, None
             receives = [entry[:2] for entry in self._receiving] + list(self._bulk.values())
-            worker.remove(self, receives)
-            worker.retire(endpoint, [(entry[0], entry[2]) for entry in self._inflight])
+            fabric.remove(self, receives)
+            fabric.retire(peer, [(entry[0], entry[2]) for entry in self._inflight])
             self._inflight.clear()
             self._receiving.clear()
             self._prompt.clear()
             self._bulk.clear()
             self._stream.clear()
-        worker.settle()
+        fabric.settle()

@@ -1,0 +1,446 @@
+"""A process's endpoint on a tagged-message fabric, and its verbs.
+
+LCI keeps one set of network resources per process and tells peers apart by
+their addresses; its network layer gives every backend the same few verbs.
+Here that set is one :class:`MessageFabric` per progress engine (a UCX
+worker, say), with a peer handle per peer: a peer costs a handle, not
+descriptors and threads of its own. A provider of such a fabric implements
+the verbs alone (the abstract methods below); routes, the greeting, limits,
+retirement and progress are this module's, and what a device does with
+messages is :mod:`.message_device`'s, the same for every fabric.
+
+Every message is a tagged send that no receive awaits (LCI's one-sided
+puts): progress takes each message off the fabric's queue of unexpected
+messages with its tag and length, and hands it to the device its tag routes
+it to, which checks the length against its limits before it allocates
+anything. A tag is::
+
+    | route: 32 bits | kind: 2 bits | number: 30 bits |
+
+The route is a random number that the receiving device chose and told its
+peer alone, in the welcome below. A peer therefore knows the routes of its
+own devices only: it cannot put a message into another peer's conversation
+except by guessing 32 random bits, and a message whose route no device holds
+is dropped unread.
+
+Route 0 belongs to the fabric. A HELLO there asks a listener for a device. It
+carries the connecting endpoint's address, the listener's number (from its
+offer) and the route to answer on. The acceptor makes the device and a peer
+handle back, and answers on that route with a WELCOME that carries its own
+route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import struct
+import threading
+import time
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Protocol
+
+import numpy as np
+
+from dask_lcicomm.parcel import ProtocolError
+from dask_lcicomm.providers.base import Device, Progress, SharedSource
+
+logger = logging.getLogger(__name__)
+
+#: Message kinds. A stream message carries bytes of the parcel stream;
+#: a bulk message one bulk group of a parcel (prompt: its parcel follows at
+#: once); a control message a WELCOME or an END, in stream order.
+STREAM, BULK, PROMPT, CONTROL = range(4)
+WELCOME, END = range(2)
+NUMBER_BITS = 30
+NUMBER_MASK = (1 << NUMBER_BITS) - 1
+
+_ROUTE = struct.Struct("<I")
+_MAX_HELLO_BYTES = 16 * 1024
+#: Most messages taken from the fabric's queue in one pass.
+_PROBES = 64
+#: Progress calls in one pass before the fabric is armed (or left for later).
+_PROGRESS_ROUNDS = 16
+#: How long a closed device's peer handle may take to finish its sends.
+_RETIRE_S = 10.0
+
+
+def tag(route: int, kind: int, number: int) -> int:
+    """The tag of a message of ``kind`` to ``route``."""
+    return route << 32 | kind << NUMBER_BITS | (number & NUMBER_MASK)
+
+
+class Request(Protocol):
+    """A send or receive the fabric has posted."""
+
+    @property
+    def completed(self) -> bool: ...
+
+    def check_error(self) -> None:
+        """Raise what made the request fail, if anything did."""
+
+
+class RoutedDevice(Device):
+    """A device of the shared fabric: what the fabric asks of it. The fabric
+    calls these under its lock."""
+
+    route: int
+
+    @abstractmethod
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
+        """Receive ``message`` (a handle from :meth:`MessageFabric.take`), or
+        raise ``ProtocolError`` before receiving anything."""
+
+    @abstractmethod
+    def reap(self) -> bool:
+        """Take what the fabric completed; True when the device has news."""
+
+    @property
+    @abstractmethod
+    def busy(self) -> bool:
+        """Whether the fabric has work of this device under way."""
+
+    @abstractmethod
+    def violated(self, reason: str) -> None:
+        """The peer broke the protocol; the device is to be lost."""
+
+    @abstractmethod
+    def peer_failed(self) -> None:
+        """The fabric reports the peer unreachable."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listener's part of the fabric: how it makes and hands over devices."""
+
+    #: ``make(peer, peer_route, local_address, peer_address)``.
+    make: Callable[[Any, int, str, str], RoutedDevice]
+    accepted: Callable[[Device], None]
+
+
+class MessageFabric(SharedSource):
+    """One endpoint on the fabric, its routes and its listeners. Made by the
+    engine (:meth:`Progress.shared`), which releases it once no listener and
+    no device holds it. Subclasses implement the verbs, each called under
+    :attr:`lock`."""
+
+    #: The provider's name.
+    provider: str
+    #: This endpoint's address, as peers pass it to :meth:`open_peer`.
+    address: str
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, progress: Progress) -> None:
+        self._loop = loop
+        self._progress = progress
+        #: Serialises every call into the fabric: sends come from the event
+        #: loop, progress from wherever the engine runs it.
+        self.lock = threading.Lock()
+        self._routes: dict[int, RoutedDevice] = {}
+        self._listeners: dict[int, Listener] = {}
+        self._listener_ids = count(1)
+        self._hellos: deque[tuple[Request, np.ndarray]] = deque()
+        #: Requests whose owner is gone, kept with their buffers until done.
+        self._orphans: list[tuple[Request, Any]] = []
+        #: Peer handles of closed devices, until their sends are done (or overdue).
+        self._retiring: list[tuple[Any, list[tuple[Request, Any]], float]] = []
+        #: Holds of closed peer handles, let go by :meth:`settle`.
+        self._drops = 0
+        #: Devices with sends or receives under way in the fabric.
+        self._busy: set[RoutedDevice] = set()
+        self._broken: set[RoutedDevice] = set()
+        self._armed = False
+        self._released = False
+
+    # -- the verbs -------------------------------------------------------
+
+    @abstractmethod
+    def open_peer(self, address: str) -> Any:
+        """A handle for the endpoint at ``address``; the fabric's setup
+        errors (:meth:`setup_errors`) when it cannot be reached."""
+
+    @abstractmethod
+    def watch_peer(self, peer: Any, failed: Callable[[], None]) -> None:
+        """Have ``failed`` called (on any thread) once ``peer`` is unreachable."""
+
+    @abstractmethod
+    def close_peer(self, peer: Any) -> None:
+        """Stop watching ``peer``, cancel what is left of its sends, free it."""
+
+    @abstractmethod
+    def send(self, peer: Any, tag: int, message: Any) -> Request:
+        """Post ``message`` (a buffer) to ``peer`` with ``tag``."""
+
+    @abstractmethod
+    def take(self) -> tuple[int, int, Any] | None:
+        """The next message in the queue of unexpected ones, taken out of
+        it: its tag, its length and a handle for :meth:`receive`; None when
+        there is none."""
+
+    @abstractmethod
+    def receive(self, message: Any, buffer: np.ndarray) -> Request:
+        """Receive the taken ``message`` into ``buffer``; a shorter buffer
+        truncates it."""
+
+    @abstractmethod
+    def poke(self) -> None:
+        """Progress the fabric once, without waiting."""
+
+    @abstractmethod
+    def arm(self) -> bool:
+        """Make :meth:`fileno` readable on the next event; False if an event
+        is pending already (poke again first)."""
+
+    @abstractmethod
+    def cancel_all(self) -> None:
+        """Cancel every request in flight and free the endpoint."""
+
+    @staticmethod
+    @abstractmethod
+    def setup_errors() -> tuple[type[BaseException], ...]:
+        """What opening a peer raises when the peer or fabric cannot do it:
+        each means "not over this fabric with this peer", never a crash."""
+
+    # -- routes and listeners (under the lock) ----------------------------
+
+    @property
+    def input_pending(self) -> bool:
+        return not self._armed and not self._released
+
+    def add(self, device: RoutedDevice) -> int:
+        """A fresh route for ``device``."""
+        route = 0
+        while route == 0 or route in self._routes:
+            route = secrets.randbits(32)
+        self._routes[route] = device
+        return route
+
+    def remove(self, device: RoutedDevice, receives: Iterable[tuple[Request, np.ndarray]]) -> None:
+        """``device`` is gone; the fabric may still write into its ``receives``."""
+        if self._routes.get(device.route) is device:
+            del self._routes[device.route]
+        self._busy.discard(device)
+        self._broken.discard(device)
+        self._orphans.extend(receives)
+
+    def retire(self, peer: Any, sends: list[tuple[Request, Any]]) -> None:
+        """Close the handle of a closed device once ``sends`` (requests and
+        their buffers) are done, within :data:`_RETIRE_S`, and let go of the
+        device's hold then: the fabric is progressed until its END is out
+        (under the lock; :meth:`settle` after it)."""
+        self._retiring.append((peer, sends, time.monotonic() + _RETIRE_S))
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        now = time.monotonic()
+        retiring = []
+        for peer, sends, deadline in self._retiring:
+            if all(request.completed for request, _ in sends) or now > deadline:
+                self.close_peer(peer)
+                self._drops += 1
+            else:
+                retiring.append((peer, sends, deadline))
+        self._retiring = retiring
+
+    def settle(self) -> None:
+        """Let go of the holds of the peers closed since (not under the
+        lock: the last one releases the fabric). Read first without the lock,
+        as every progress pass calls it: whoever closes a peer settles
+        after it, so a count another thread is adding is not missed."""
+        if not self._drops:
+            return
+        with self.lock:
+            drops, self._drops = self._drops, 0
+        for _ in range(drops):
+            self.drop()
+
+    def drop(self) -> None:
+        """A listener or device lets go of the fabric (not under the lock:
+        the last one releases it)."""
+        self._progress.drop(self)
+
+    def busy(self, device: RoutedDevice) -> None:
+        """The fabric has work of ``device`` under way: reap it on progress."""
+        self._busy.add(device)
+
+    def listen(self, listener: Listener) -> int:
+        number = next(self._listener_ids)
+        with self.lock:
+            self._listeners[number] = listener
+        return number
+
+    def stop_listening(self, number: int) -> None:
+        with self.lock:
+            self._listeners.pop(number, None)
+
+    def watch(self, peer: Any, device: RoutedDevice) -> None:
+        """Report ``peer`` unreachable to ``device``."""
+        self.watch_peer(peer, lambda: self._peer_failed(device))
+
+    def _peer_failed(self, device: RoutedDevice) -> None:
+        if self._routes.get(device.route) is device:
+            device.peer_failed()
+            self._broken.add(device)
+
+    def hello(self, listener: int, route: int, local: str, peer: str) -> bytes:
+        """The HELLO that asks the listener numbered ``listener`` for a
+        device answering on ``route``; sent with route 0."""
+        return json.dumps({
+            "address": self.address, "listener": listener, "route": route,
+            "local": local, "peer": peer,
+        }).encode()
+
+    # -- progress --------------------------------------------------------
+
+    def progress(self) -> Iterable[Device]:
+        """Progress the fabric and take what arrived; arm it before the
+        engine sleeps on it (left unarmed, ``input_pending`` brings the engine
+        back)."""
+        news: set[Device] = set()
+        with self.lock:
+            if self._released:
+                return news
+            self._armed = False
+            for _ in range(_PROGRESS_ROUNDS):
+                self.poke()
+                drained = self._take_arrivals(news)
+                self._reap(news)
+                if drained and self.arm():
+                    self._armed = True
+                    break
+            news.update(self._broken)
+            self._broken.clear()
+        self.settle()
+        return news
+
+    def _reap(self, news: set[Device]) -> None:
+        for device in list(self._busy):
+            try:
+                if device.reap():
+                    news.add(device)
+            except ProtocolError as e:
+                device.violated(str(e))
+                news.add(device)
+            if not device.busy:
+                self._busy.discard(device)
+        if self._orphans:
+            self._orphans = [entry for entry in self._orphans if not entry[0].completed]
+        if self._retiring:
+            self._close_retired()
+        if self._hellos:
+            self._answer_hellos()
+
+    def _answer_hellos(self) -> None:
+        # What a malformed or unanswerable HELLO raises: it is ignored.
+        ignored: tuple[type[BaseException], ...] = (KeyError, TypeError, *self.setup_errors())
+        while self._hellos and self._hellos[0][0].completed:
+            request, buffer = self._hellos.popleft()
+            try:
+                request.check_error()
+                self._welcome(json.loads(buffer.tobytes()))
+            except ignored as e:
+                logger.info("ignoring a %s hello: %s: %s", self.provider, type(e).__name__, e)
+
+    def _take_arrivals(self, news: set[Device]) -> bool:
+        """Hand what arrived to the devices its tags route it to. False when
+        messages may be left in the fabric's queue (no event says so: the
+        fabric must not be armed)."""
+        for _ in range(_PROBES):
+            taken = self.take()
+            if taken is None:
+                return True
+            value, nbytes, message = taken
+            route, kind, number = value >> 32, (value >> NUMBER_BITS) & 3, value & NUMBER_MASK
+            if route == 0:
+                self._take_hello(nbytes, message)
+                continue
+            device = self._routes.get(route)
+            if device is None:
+                self._drop(nbytes, message)
+                continue
+            try:
+                device.arrived(kind, number, nbytes, message)
+            except ProtocolError as e:
+                self._drop(nbytes, message)
+                device.violated(str(e))
+            else:
+                self._busy.add(device)
+            news.add(device)
+        return False
+
+    def _drop(self, nbytes: int, message: Any) -> None:
+        """Take a message nobody may have off the fabric, reading at most a
+        few bytes of it (the fabric truncates the rest)."""
+        buffer = np.empty(min(nbytes, 8), np.uint8)
+        self._orphans.append((self.receive(message, buffer), buffer))
+
+    def _take_hello(self, nbytes: int, message: Any) -> None:
+        if nbytes > _MAX_HELLO_BYTES:
+            logger.warning("dropping a %d-byte %s hello", nbytes, self.provider)
+            self._drop(nbytes, message)
+            return
+        buffer = np.empty(nbytes, np.uint8)
+        self._hellos.append((self.receive(message, buffer), buffer))
+
+    def _welcome(self, hello: dict[str, Any]) -> None:
+        """Make the device a HELLO asks for and answer (under the lock)."""
+        listener = self._listeners.get(hello["listener"])
+        route = hello["route"]
+        if listener is None or not (isinstance(route, int) and 0 < route < 1 << 32):
+            raise ValueError(f"no listener {hello['listener']!r} or a bad route {route!r}")
+        if not self._progress.hold(self):
+            raise ValueError(f"the {self.provider} fabric is closing")
+        try:
+            peer = self.open_peer(str(hello["address"]))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self.drop)
+            raise
+        device = listener.make(peer, route, str(hello["peer"]), str(hello["local"]))
+        message = _ROUTE.pack(device.route)
+        request = self.send(peer, tag(route, CONTROL, WELCOME), message)
+        if not request.completed:
+            self._orphans.append((request, message))
+        self._loop.call_soon_threadsafe(self._hand_over, listener, device)
+
+    def _hand_over(self, listener: Listener, device: RoutedDevice) -> None:
+        """Give the listener its device, on the event loop."""
+        with self.lock:
+            listening = listener in self._listeners.values() and not device.released
+        if listening:
+            listener.accepted(device)
+        else:
+            device.abandon()
+
+    def release(self) -> None:
+        with self.lock:
+            if self._released:
+                return
+            self._released = True
+            # The engine released the devices it had: these it never got.
+            devices = list(self._routes.values())
+        for device in devices:
+            device.abandon()
+        with self.lock:
+            for peer, _, _ in self._retiring:
+                self.close_peer(peer)
+            self._retiring.clear()
+            # Requests left hold the endpoint: cancel them, then let it go.
+            self.cancel_all()
+            self._orphans.clear()
+            self._hellos.clear()
+            self._listeners.clear()
+
+
+def peer_route(message: np.ndarray) -> int:
+    """The route a WELCOME carries."""
+    if message.nbytes != _ROUTE.size:
+        raise ProtocolError(f"a {message.nbytes}-byte welcome")
+    (route,) = _ROUTE.unpack(message.tobytes())
+    if route == 0:
+        raise ProtocolError("a welcome without a route")
+    return int(route)

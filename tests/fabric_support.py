@@ -1,0 +1,207 @@
+"""What tests of message fabrics share: a fabric inside one process, for
+testing what every message fabric shares (:mod:`dask_lcicomm.providers.message_fabric`
+and ``message_device``) where no real one is installed; two ends of a
+device in one process; a send that does not follow the protocol.
+
+It behaves as a tagged-message fabric does: a send lands in the receiver's
+queue of unexpected messages and wakes it through its descriptor; a message
+over :data:`EAGER_BYTES` completes at its sender only once the receiver has
+taken it (a rendezvous), a smaller one at once; a receive into a shorter
+buffer truncates; an endpoint that closes fails the handles peers hold for
+it and the sends still waiting in its queue.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dask_lcicomm.providers.base import DeviceLost
+from dask_lcicomm.providers.message_device import MessageDevice
+from dask_lcicomm.providers.message_fabric import MessageFabric, tag
+
+#: Messages up to this size complete at their sender at once.
+EAGER_BYTES = 8192
+
+#: Open endpoints by address.
+_endpoints: dict[str, MemoryFabric] = {}
+#: Peer handles by the address they lead to.
+_handles: dict[str, list[_Peer]] = {}
+_registry = threading.Lock()
+
+
+class _Request:
+    __slots__ = ("completed", "error")
+
+    def __init__(self, completed: bool = False, error: BaseException | None = None) -> None:
+        self.completed = completed
+        self.error = error
+
+    def check_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class _Message:
+    __slots__ = ("tag", "data", "sent", "sender")
+
+    def __init__(self, tag: int, data: bytes, sent: _Request, sender: MemoryFabric) -> None:
+        self.tag = tag
+        self.data = data
+        self.sent = sent
+        self.sender = sender
+
+
+class _Peer:
+    __slots__ = ("address", "owner", "failed")
+
+    def __init__(self, address: str, owner: MemoryFabric) -> None:
+        self.address = address
+        self.owner = owner
+        self.failed: Callable[[], None] | None = None
+
+    def fail(self) -> None:
+        if self.failed is not None:
+            self.failed()
+            self.owner.wake()
+
+
+class MemoryFabric(MessageFabric):
+    provider = "memory"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.address = secrets.token_hex(8)
+        self._queue: deque[_Message] = deque()
+        self._queue_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        with _registry:
+            _endpoints[self.address] = self
+
+    def fileno(self) -> int:
+        return self._wake_r
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def open_peer(self, address: str) -> Any:
+        with _registry:
+            if address not in _endpoints:
+                raise ConnectionRefusedError(f"no memory endpoint {address!r}")
+            peer = _Peer(address, self)
+            _handles.setdefault(address, []).append(peer)
+        return peer
+
+    def watch_peer(self, peer: Any, failed: Callable[[], None]) -> None:
+        peer.failed = failed
+
+    def close_peer(self, peer: Any) -> None:
+        peer.failed = None
+        with _registry:
+            handles = _handles.get(peer.address, [])
+            if peer in handles:
+                handles.remove(peer)
+
+    def send(self, peer: Any, tag: int, message: Any) -> _Request:
+        data = bytes(memoryview(message).cast("B"))
+        sent = _Request(completed=len(data) <= EAGER_BYTES)
+        with _registry:
+            target = _endpoints.get(peer.address)
+        if target is None:
+            return _Request(True, ConnectionResetError("the peer endpoint is closed"))
+        target.deliver(_Message(tag, data, sent, self))
+        return sent
+
+    def deliver(self, message: _Message) -> None:
+        with self._queue_lock:
+            self._queue.append(message)
+        self.wake()
+
+    def take(self) -> tuple[int, int, Any] | None:
+        with self._queue_lock:
+            if not self._queue:
+                return None
+            message = self._queue.popleft()
+        return message.tag, len(message.data), message
+
+    def receive(self, message: Any, buffer: np.ndarray) -> _Request:
+        n = min(len(message.data), buffer.nbytes)
+        buffer[:n] = np.frombuffer(message.data, np.uint8, n)
+        if not message.sent.completed:
+            message.sent.completed = True
+            message.sender.wake()
+        return _Request(completed=True)
+
+    def poke(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def arm(self) -> bool:
+        with self._queue_lock:
+            return not self._queue
+
+    def cancel_all(self) -> None:
+        with _registry:
+            del _endpoints[self.address]
+            handles = _handles.pop(self.address, [])
+        with self._queue_lock:
+            left, self._queue = list(self._queue), deque()
+        for message in left:
+            if not message.sent.completed:
+                message.sent.error = ConnectionResetError("the peer endpoint closed")
+                message.sent.completed = True
+                message.sender.wake()
+        for peer in handles:
+            peer.fail()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    @staticmethod
+    def setup_errors() -> tuple[type[BaseException], ...]:
+        return (OSError, ValueError)
+
+
+def fabric_devices(loop, ends, name: str, make: Callable[..., MessageFabric]) -> list[MessageDevice]:
+    """Two ends of a message device in one process, each on the fabric
+    endpoint of its own end's engine (``end.engine``, ``end.options``),
+    welcomed by hand."""
+    fabrics = [end.engine.shared(name, lambda end=end: make(loop, end.engine)) for end in ends]
+    devices = []
+    for i, (end, fabric) in enumerate(zip(ends, fabrics, strict=True)):
+        with fabric.lock:
+            peer = fabric.open_peer(fabrics[1 - i].address)
+            devices.append(MessageDevice(
+                fabric, peer, 0, end.options, f"lci://{'ab'[i]}:1", f"lci://{'ba'[i]}:1"
+            ))
+    devices[0]._peer_route, devices[1]._peer_route = devices[1].route, devices[0].route
+    return devices
+
+
+def lost(events):
+    """The DeviceLost events among ``events``."""
+    return [e for e in events if isinstance(e, DeviceLost)]
+
+
+def raw_send(sender, data: bytes, route: int, kind: int, number: int, peer=None) -> None:
+    """Send ``data`` with the given tag to ``sender``'s peer (or to ``peer``,
+    a handle of its fabric), as a peer that does not follow the protocol
+    would."""
+    fabric = sender.device.source
+    with fabric.lock:
+        request = fabric.send(peer or sender.device._peer, tag(route, kind, number), data)
+        if not request.completed:
+            fabric._orphans.append((request, data))
