@@ -10,7 +10,7 @@ import os
 import socket
 
 import pytest
-from fabric_support import MemoryFabric, fabric_devices
+from fabric_support import MemoryFabric, fabric_devices, install_memory_provider
 from ucx_support import ucx_devices
 
 from dask_lcicomm.parcel import Limits
@@ -21,6 +21,9 @@ from dask_lcicomm.providers.shm import ShmDevice
 from dask_lcicomm.providers.shm_handshake import ShmLink
 from dask_lcicomm.providers.shm_release import releaser
 from dask_lcicomm.providers.tcp import TcpDevice
+
+#: The in-process message fabric is a provider every test may name.
+install_memory_provider()
 
 
 class Endpoint:

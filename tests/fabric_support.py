@@ -1,6 +1,7 @@
 """What tests of message fabrics share: a fabric inside one process, for
 testing what every message fabric shares (:mod:`dask_lcicomm.providers.message_fabric`
-and ``message_device``) where no real one is installed; two ends of a
+and ``message_device``) where no real one is installed, also as an lci://
+provider called ``memory`` (:func:`install_memory_provider`); two ends of a
 device in one process; a send that does not follow the protocol.
 
 It behaves as a tagged-message fabric does: a send lands in the receiver's
@@ -13,9 +14,12 @@ it and the sends still waiting in its queue.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import secrets
+import sys
 import threading
+import types
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +29,7 @@ import numpy as np
 from dask_lcicomm.providers.base import DeviceLost
 from dask_lcicomm.providers.message_device import MessageDevice
 from dask_lcicomm.providers.message_fabric import MessageFabric, tag
+from dask_lcicomm.providers.message_provider import MessageProvider
 
 #: Messages up to this size complete at their sender at once.
 EAGER_BYTES = 8192
@@ -173,6 +178,29 @@ class MemoryFabric(MessageFabric):
     @staticmethod
     def setup_errors() -> tuple[type[BaseException], ...]:
         return (OSError, ValueError)
+
+
+class MemoryProvider(MessageProvider):
+    """The in-process fabric as an lci:// provider: listeners and comms of
+    one process (one parcelport or several) reach each other over it."""
+
+    name = "memory"
+
+    def make_fabric(self, loop, progress) -> MemoryFabric:
+        return MemoryFabric(loop, progress)
+
+
+def install_memory_provider() -> None:
+    """Make ``memory`` a provider that ``distributed.comm.lci.providers`` may
+    name, for this process: a module ``dask_lcicomm.providers.memory``, as
+    the registry finds providers."""
+    name = "dask_lcicomm.providers.memory"
+    if name in sys.modules:
+        return
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.PROVIDER = MemoryProvider()  # type: ignore[attr-defined]
+    sys.modules[name] = module
 
 
 def fabric_devices(loop, ends, name: str, make: Callable[..., MessageFabric]) -> list[MessageDevice]:

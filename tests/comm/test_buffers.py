@@ -27,6 +27,8 @@ PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
     pytest.param(["tcp"], id="tcp"),
     needs_ucx(["ucx", "tcp"], id="ucx"),
+    # a message fabric inside the process (tests/fabric_support.py)
+    pytest.param(["memory"], id="memory"),
 ]
 
 

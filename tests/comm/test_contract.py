@@ -145,7 +145,7 @@ def _variant(progress: str, ndevices: int, completion: str, provider: str = "shm
 ALL_VARIANTS = [
     _variant(p, n, c, v)
     for p, n, c, v in itertools.product(
-        ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx")
+        ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx", "memory")
     )
 ]
 #: combinations covering every pair of values of any two of the four knobs, and polling shm
@@ -159,6 +159,9 @@ PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "ucx"),
     _variant("thread", 3, "sync", "ucx"),
     _variant("poll", 1, "queue", "ucx"),
+    # the message device over a fabric inside the process (tests/fabric_support.py)
+    _variant("loop", 3, "sync", "memory"),
+    _variant("thread", 1, "queue", "memory"),
     # shm devices that poll after traffic (where a core is free; either way
     # the doorbell protocol must hold)
     pytest.param(

@@ -219,6 +219,8 @@ def _local_cluster(processes: bool, lci_config: dict | None = None):
 
 _THREAD_PROGRESS = {"distributed.comm.lci.progress": "thread", "distributed.comm.lci.ndevices": 2}
 _UCX = {"distributed.comm.lci.providers": ["ucx"]}
+#: A message fabric inside the process (tests/fabric_support.py).
+_MEMORY = {"distributed.comm.lci.providers": ["memory"]}
 
 
 @pytest.fixture(
@@ -228,17 +230,20 @@ _UCX = {"distributed.comm.lci.providers": ["ucx"]}
         pytest.param((False, _THREAD_PROGRESS), id="threads-progress-thread"),
         needs_ucx((True, _UCX), id="processes-ucx"),
         needs_ucx((False, {**_UCX, **_THREAD_PROGRESS}), id="threads-progress-thread-ucx"),
+        pytest.param((False, {**_MEMORY, **_THREAD_PROGRESS}), id="threads-progress-thread-memory"),
     ],
 )
 def lci_client(request):
     """Worker processes, and in-process workers with the default and with
     thread progress over two devices (in one process every comm and channel
     shares one parcelport, which is where races between comms show); and
-    both over UCX alone (no channel may fall back to TCP)."""
+    both over UCX alone, and in-process workers over the in-process message
+    fabric alone (no channel may fall back to TCP)."""
     processes, lci_config = request.param
     with _local_cluster(processes=processes, lci_config=lci_config) as (cluster, client):
         if lci_config and "distributed.comm.lci.providers" in lci_config:
-            eventually(lambda: _assert_providers(client, {"ucx"}))
+            expected = set(lci_config["distributed.comm.lci.providers"])
+            eventually(lambda: _assert_providers(client, expected))
         yield cluster, client
 
 
