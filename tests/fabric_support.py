@@ -84,7 +84,10 @@ class MemoryFabric(MessageFabric):
         super().__init__(*args)
         self.address = secrets.token_hex(8)
         self._queue: deque[_Message] = deque()
+        # Guards the queue, and the wake-up pipe against its closing: other
+        # fabrics deliver and wake from their own threads.
         self._queue_lock = threading.Lock()
+        self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -95,10 +98,13 @@ class MemoryFabric(MessageFabric):
         return self._wake_r
 
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass
+        with self._queue_lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass  # full: a wake-up is pending anyway
 
     def open_peer(self, address: str) -> Any:
         with _registry:
@@ -123,15 +129,18 @@ class MemoryFabric(MessageFabric):
         sent = _Request(completed=len(data) <= EAGER_BYTES)
         with _registry:
             target = _endpoints.get(peer.address)
-        if target is None:
+        if target is None or not target.deliver(_Message(tag, data, sent, self)):
             return _Request(True, ConnectionResetError("the peer endpoint is closed"))
-        target.deliver(_Message(tag, data, sent, self))
         return sent
 
-    def deliver(self, message: _Message) -> None:
+    def deliver(self, message: _Message) -> bool:
+        """Queue ``message``; False if this endpoint has closed."""
         with self._queue_lock:
+            if self._closed:
+                return False
             self._queue.append(message)
         self.wake()
+        return True
 
     def take(self) -> tuple[int, int, Any] | None:
         with self._queue_lock:
@@ -164,7 +173,10 @@ class MemoryFabric(MessageFabric):
             del _endpoints[self.address]
             handles = _handles.pop(self.address, [])
         with self._queue_lock:
+            self._closed = True
             left, self._queue = list(self._queue), deque()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         for message in left:
             if not message.sent.completed:
                 message.sent.error = ConnectionResetError("the peer endpoint closed")
@@ -172,8 +184,6 @@ class MemoryFabric(MessageFabric):
                 message.sender.wake()
         for peer in handles:
             peer.fail()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
 
     @staticmethod
     def setup_errors() -> tuple[type[BaseException], ...]:
