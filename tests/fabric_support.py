@@ -7,8 +7,10 @@ device in one process; a send that does not follow the protocol.
 It behaves as a tagged-message fabric does: a send lands in the receiver's
 queue of unexpected messages and wakes it through its descriptor; a message
 over :data:`EAGER_BYTES` completes at its sender only once the receiver has
-taken it (a rendezvous), a smaller one at once; a receive into a shorter
-buffer truncates; an endpoint that closes fails the handles peers hold for
+taken it (a rendezvous), a smaller one at once; the first
+:attr:`MemoryFabric.connect_retries` sends to a new peer answer "retry", as
+a fabric that connects on first use does; a receive into a shorter buffer
+truncates; an endpoint that closes fails the handles peers hold for
 it and the sends still waiting in its queue.
 """
 
@@ -64,12 +66,13 @@ class _Message:
 
 
 class _Peer:
-    __slots__ = ("address", "owner", "failed")
+    __slots__ = ("address", "owner", "failed", "retries")
 
     def __init__(self, address: str, owner: MemoryFabric) -> None:
         self.address = address
         self.owner = owner
         self.failed: Callable[[], None] | None = None
+        self.retries = owner.connect_retries
 
     def fail(self) -> None:
         if self.failed is not None:
@@ -79,6 +82,8 @@ class _Peer:
 
 class MemoryFabric(MessageFabric):
     provider = "memory"
+    #: Sends to a new peer that answer "retry" before the first is taken.
+    connect_retries = 3
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -124,7 +129,10 @@ class MemoryFabric(MessageFabric):
             if peer in handles:
                 handles.remove(peer)
 
-    def send(self, peer: Any, tag: int, message: Any) -> _Request:
+    def send(self, peer: Any, tag: int, message: Any) -> _Request | None:
+        if peer.retries:
+            peer.retries -= 1
+            return None
         data = bytes(memoryview(message).cast("B"))
         sent = _Request(completed=len(data) <= EAGER_BYTES)
         with _registry:
@@ -240,6 +248,11 @@ def raw_send(sender, data: bytes, route: int, kind: int, number: int, peer=None)
     would."""
     fabric = sender.device.source
     with fabric.lock:
-        request = fabric.send(peer or sender.device._peer, tag(route, kind, number), data)
+        for _ in range(1000):  # past the sends a new peer answers "retry" to
+            request = fabric.send(peer or sender.device._peer, tag(route, kind, number), data)
+            if request is not None:
+                break
+        else:
+            raise AssertionError("the fabric never took the message")
         if not request.completed:
             fabric._orphans.append((request, data))

@@ -47,7 +47,10 @@ class ThreadDriver(Driver):
     def kick(self, source: SharedSource) -> None:
         thread = self._owner.get(source)
         if thread is not None:
-            thread.post(_Run.kick, source)
+            try:
+                thread.post(_Run.kick, source)
+            except RuntimeError:
+                pass  # stopped: nothing is progressed any more
 
     def unwatch(self, source: SharedSource) -> None:
         thread = self._owner.pop(source, None)

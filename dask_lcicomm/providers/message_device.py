@@ -22,6 +22,9 @@ prompt ones sent before it, and the receiver reads the stream on only once
 they have arrived, which costs later parcels little and spares this one a
 round trip.
 
+What arrives is taken in order, within the limits, by the device's
+:class:`~.message_inbox.Inbox`.
+
 A peer that dies is reported by the fabric (:meth:`MessageDevice.peer_failed`).
 A fabric need not tell a peer that a handle closed while its process lives:
 an END behind everything sent says so, also when a device is closed abruptly.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -38,13 +42,12 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, connect_timeout
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
 from dask_lcicomm.providers.message_fabric import (
     BULK,
     CONTROL,
     END,
-    NUMBER_BITS,
     NUMBER_MASK,
     PROMPT,
     STREAM,
@@ -54,12 +57,15 @@ from dask_lcicomm.providers.message_fabric import (
     RoutedDevice,
     peer_route,
     tag,
+    welcome_message,
 )
+from dask_lcicomm.providers.message_inbox import Inbox
 from dask_lcicomm.providers.send_queue import Unit
+
+logger = logging.getLogger(__name__)
 
 #: Stream bytes in flight, in send batches, before sends wait for the fabric.
 _INFLIGHT_BATCHES = 8
-_HALF = 1 << (NUMBER_BITS - 1)
 
 
 class MessageDevice(RoutedDevice):
@@ -77,11 +83,10 @@ class MessageDevice(RoutedDevice):
         local_address: str,
         peer_address: str,
     ) -> None:
-        super().__init__(options, local_address, peer_address, placement=self._take_bulk)
+        self._inbox = Inbox(options.limits, fabric.receive)
+        super().__init__(options, local_address, peer_address, placement=self._inbox.take_bulk)
         self.source = self._fabric = fabric
         self.provider = fabric.provider
-        self._max_bulk_bytes = options.limits.max_message_bytes
-        self._max_bulk_count = options.limits.max_frames
         self._batch_bytes = options.batch_bytes
         # Stream bytes the fabric may hold before writers wait: back-pressure when
         # the peer takes them more slowly than they are written.
@@ -103,20 +108,13 @@ class MessageDevice(RoutedDevice):
         self._end_after_sends = False
         self._inflight: deque[tuple[Request, int, Any, Held | None]] = deque()
         self._inflight_bytes = 0
+        # Messages the fabric answered "retry" to, in order, and since when
+        # the first of them waits.
+        self._unposted: deque[tuple[Any, int, int, Held | None]] = deque()
+        self._unposted_since = 0.0
         self._bulk_sent = 0
         self._prompt_sent = 0
         self._prompt_bytes = options.batch_bytes
-        # Receive side: stream and control messages being received, in
-        # order, each with the prompt bulk messages it waits for; bulk
-        # messages by number until their parcel takes them.
-        self._receiving: deque[tuple[Request, np.ndarray, int, int, int]] = deque()
-        self._prompt: deque[Request] = deque()
-        self._prompt_seen = 0
-        self._prompt_done = 0
-        self._stream: deque[memoryview] = deque()
-        self._bulk: dict[int, tuple[Request, np.ndarray]] = {}
-        self._bulk_bytes = 0
-        self._end = False
         #: Whether our END is posted.
         self._ended = False
         self.route = fabric.add(self)
@@ -128,8 +126,8 @@ class MessageDevice(RoutedDevice):
     @property
     def input_pending(self) -> bool:
         """Stream left, or an end that no event will announce again."""
-        ended = self._end or self._failed is not None or self._violation is not None
-        return not self.lost and (bool(self._stream) or ended)
+        ended = self._inbox.ended or self._failed is not None or self._violation is not None
+        return not self.lost and (bool(self._inbox.stream) or ended)
 
     # -- sending ---------------------------------------------------------
 
@@ -178,16 +176,58 @@ class MessageDevice(RoutedDevice):
                 self._post(message, BULK if held else PROMPT, number, 0, held)
                 self._bulk_sent += 1
 
+    def welcome(self) -> None:
+        """Answer the peer's hello with our route (under the fabric's lock)."""
+        self._post(welcome_message(self.route), CONTROL, WELCOME, 0, None)
+
     def _post(self, message: Any, kind: int, number: int, nbytes: int, held: Held | None) -> None:
-        """Hand ``message`` to the fabric (under its lock); ``nbytes`` of it
-        count against the stream's bytes in flight."""
-        request = self._fabric.send(self._peer, tag(self._peer_route, kind, number), message)
+        """Hand ``message`` to the fabric (under its lock), behind the
+        messages it answered "retry" to; ``nbytes`` of it count against the
+        stream's bytes in flight."""
+        self._inflight_bytes += nbytes
+        value = tag(self._peer_route, kind, number)
+        if not self._unposted:
+            request = self._fabric.send(self._peer, value, message)
+            if request is not None:
+                self._posted(request, message, nbytes, held)
+                return
+            self._unposted_since = time.monotonic()
+        self._unposted.append((message, value, nbytes, held))
+        self._fabric.retry_later(self)
+
+    def _posted(self, request: Request, message: Any, nbytes: int, held: Held | None) -> None:
         if request.completed:
+            self._inflight_bytes -= nbytes
             self._completed(request, held)
         else:
             self._inflight.append((request, nbytes, message, held))
-            self._inflight_bytes += nbytes
             self._fabric.busy(self)
+
+    def _post_unposted(self) -> bool:
+        """Hand the fabric what it answered "retry" to, in order; True when
+        any went. A fabric that takes nothing for Dask's connect timeout has
+        lost the peer."""
+        unposted = self._unposted
+        posted = False
+        while unposted:
+            message, value, nbytes, held = unposted[0]
+            request = self._fabric.send(self._peer, value, message)
+            if request is None:
+                waited = time.monotonic() - self._unposted_since
+                if waited > connect_timeout() and self._failed is None:
+                    self._failed = f"the {self.provider} fabric took no send for {waited:.0f} s"
+                    return True
+                return posted
+            unposted.popleft()
+            self._unposted_since = time.monotonic()
+            self._posted(request, message, nbytes, held)
+            posted = True
+        return posted
+
+    @property
+    def unposted(self) -> bool:
+        """Whether the fabric answered "retry" to a message not yet posted."""
+        return bool(self._unposted)
 
     def _completed(self, request: Request, held: Held | None) -> None:
         try:
@@ -262,7 +302,7 @@ class MessageDevice(RoutedDevice):
     def _reap_sends(self) -> bool:
         """Finish the sends the fabric has completed (under its lock)."""
         inflight = self._inflight
-        reaped = False
+        reaped = self._post_unposted()
         for _ in range(len(inflight)):
             entry = inflight.popleft()
             request, nbytes, _, held = entry
@@ -272,7 +312,7 @@ class MessageDevice(RoutedDevice):
                 reaped = True
             else:
                 inflight.append(entry)
-        if self._end_after_sends and not inflight:
+        if self._end_after_sends and not inflight and not self._unposted:
             self._end_after_sends = False
             self._post_end()
         return reaped
@@ -285,70 +325,22 @@ class MessageDevice(RoutedDevice):
     # -- receiving (under the fabric's lock) --------------------------------
 
     def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
-        """Receive each message into a buffer of its length, allocated once
-        that length passed the limits. Stream and control messages are taken
-        in order once complete; bulk messages are set aside by number, so
-        later stream messages are taken while one is in flight."""
         if self._violation is not None:
             raise ProtocolError(self._violation)
-        if kind in (BULK, PROMPT):
-            self._bulk_bytes += nbytes
-            if self._bulk_bytes > self._max_bulk_bytes or len(self._bulk) >= self._max_bulk_count:
-                raise ProtocolError(f"bulk messages waiting exceed {self._max_bulk_bytes} bytes")
-            if number in self._bulk:
-                raise ProtocolError(f"bulk message {number} arrived twice")
-            request, buffer = self._receive(nbytes, message)
-            self._bulk[number] = (request, buffer)
-            if kind == PROMPT:
-                self._prompt.append(request)
-                self._prompt_seen += 1
-            return
-        if nbytes > self._max_bulk_bytes:
-            raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
-        if kind == STREAM:
-            behind = (self._prompt_seen - number) & NUMBER_MASK
-            if behind >= _HALF:
-                raise ProtocolError(f"a stream message waits for prompt bulk message {number}, "
-                                    f"{self._prompt_seen} came")
-            required = self._prompt_seen - behind
-        elif number == (END if self._peer_route else WELCOME):
-            required = 0
-        else:
-            raise ProtocolError(f"an unexpected control message {number}")
-        self._receiving.append((*self._receive(nbytes, message), kind, number, required))
-
-    def _receive(self, nbytes: int, message: Any) -> tuple[Request, np.ndarray]:
-        buffer = np.empty(nbytes, np.uint8)
-        return self._fabric.receive(message, buffer), buffer
+        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._peer_route))
 
     def reap(self) -> bool:
         reaped = self._reap_sends()
-        prompt = self._prompt
-        while prompt and prompt[0].completed:
-            prompt.popleft()
-            self._prompt_done += 1
-        receiving = self._receiving
-        while receiving and receiving[0][0].completed and receiving[0][4] <= self._prompt_done:
-            request, buffer, kind, number, _ = receiving.popleft()
-            reaped = True
-            try:
-                request.check_error()
-            except Exception as e:
-                self._failed = self._failed or f"receive failed: {type(e).__name__}: {e}"
-                continue
-            if kind == STREAM:
-                if buffer.nbytes:
-                    self._stream.append(buffer.data)
-            elif number == WELCOME:
-                self._welcomed(buffer)
-            else:
-                self._end = True
-        return reaped or bool(self._stream)
+        reaped = self._inbox.reap(self._welcomed, self._receive_failed) or reaped
+        return reaped or bool(self._inbox.stream)
+
+    def _receive_failed(self, reason: str) -> None:
+        self._failed = self._failed or reason
 
     @property
     def busy(self) -> bool:
         """Whether the fabric has work of this device under way."""
-        return bool(self._inflight or self._receiving or self._prompt)
+        return bool(self._inflight or self._unposted or self._inbox.busy)
 
     def _welcomed(self, message: np.ndarray) -> None:
         try:
@@ -369,19 +361,6 @@ class MessageDevice(RoutedDevice):
         if self.on_welcome is not None and not self._peer_route:
             self.on_welcome(self._failed)
 
-    def _take_bulk(self, handle: int, offset: int, nbytes: int) -> memoryview:
-        """The bulk group the peer sent as message ``handle``: the frames.
-        The peer names it only once it has arrived whole."""
-        entry = self._bulk.pop(handle, None)
-        if entry is None or offset or not entry[0].completed:
-            raise ProtocolError(f"bulk message {handle} (offset {offset}) has not arrived")
-        request, buffer = entry
-        request.check_error()
-        self._bulk_bytes -= buffer.nbytes
-        if buffer.nbytes != nbytes:
-            raise ProtocolError(f"bulk message {handle} has {buffer.nbytes} bytes, not {nbytes}")
-        return buffer.data
-
     # -- progress (on the engine's thread) ---------------------------------
 
     def on_readable(self) -> bool:
@@ -392,26 +371,18 @@ class MessageDevice(RoutedDevice):
         self._release_held()
         self.resume_blocked_sends()
         alive = super().on_readable()
-        if alive and self._failed is not None and not self._stream:
+        if alive and self._failed is not None and not self._inbox.stream:
             return self._fail(self._failed, logging.INFO)
         return alive
 
     def _receive_into(self, buffer: memoryview) -> int:
-        stream = self._stream
-        n = 0
-        while stream and n < buffer.nbytes:
-            chunk = stream[0]
-            take = min(chunk.nbytes, buffer.nbytes - n)
-            buffer[n : n + take] = chunk[:take]
-            n += take
-            if take == chunk.nbytes:
-                stream.popleft()
-            else:
-                stream[0] = chunk[take:]
+        n = self._inbox.read_into(buffer)
         if n:
             return n
-        if self._end or self._failed is not None:
+        if self._inbox.ended:
             return 0
+        if self._failed is not None:
+            raise ConnectionResetError(self._failed)
         raise BlockingIOError
 
     # -- ending ----------------------------------------------------------
@@ -422,7 +393,7 @@ class MessageDevice(RoutedDevice):
         if both:
             return
         with self._fabric.lock:
-            if self._inflight:
+            if self._inflight or self._unposted:
                 self._end_after_sends = True
             else:
                 self._post_end()
@@ -435,13 +406,13 @@ class MessageDevice(RoutedDevice):
             # process lives: the END tells it, behind what is in flight.
             if self._peer_route and not self._ended and self._failed is None:
                 self._post_end()
+            self._post_unposted()
+            if self._unposted:
+                logger.info("%s device to %s closed with %d messages the fabric never took",
+                            self.provider, self.peer_address, len(self._unposted))
+                self._unposted.clear()
             peer, self._peer = self._peer, None
-            receives = [entry[:2] for entry in self._receiving] + list(self._bulk.values())
-            fabric.remove(self, receives)
+            fabric.remove(self, self._inbox.close())
             fabric.retire(peer, [(entry[0], entry[2]) for entry in self._inflight])
             self._inflight.clear()
-            self._receiving.clear()
-            self._prompt.clear()
-            self._bulk.clear()
-            self._stream.clear()
         fabric.settle()

@@ -114,6 +114,15 @@ class RoutedDevice(Device):
     def peer_failed(self) -> None:
         """The fabric reports the peer unreachable."""
 
+    @abstractmethod
+    def welcome(self) -> None:
+        """Answer the peer's hello with this device's route."""
+
+    @property
+    @abstractmethod
+    def unposted(self) -> bool:
+        """Whether the fabric answered "retry" to a message not yet posted."""
+
 
 @dataclass(frozen=True)
 class Listener:
@@ -154,6 +163,8 @@ class MessageFabric(SharedSource):
         #: Devices with sends or receives under way in the fabric.
         self._busy: set[RoutedDevice] = set()
         self._broken: set[RoutedDevice] = set()
+        #: Devices with messages the fabric answered "retry" to.
+        self._retrying: set[RoutedDevice] = set()
         self._armed = False
         self._released = False
 
@@ -173,8 +184,9 @@ class MessageFabric(SharedSource):
         """Stop watching ``peer``, cancel what is left of its sends, free it."""
 
     @abstractmethod
-    def send(self, peer: Any, tag: int, message: Any) -> Request:
-        """Post ``message`` (a buffer) to ``peer`` with ``tag``."""
+    def send(self, peer: Any, tag: int, message: Any) -> Request | None:
+        """Post ``message`` (a buffer) to ``peer`` with ``tag``; None when
+        the fabric cannot take it now (retry after progress)."""
 
     @abstractmethod
     def take(self) -> tuple[int, int, Any] | None:
@@ -226,6 +238,7 @@ class MessageFabric(SharedSource):
             del self._routes[device.route]
         self._busy.discard(device)
         self._broken.discard(device)
+        self._retrying.discard(device)
         self._orphans.extend(receives)
 
     def retire(self, peer: Any, sends: list[tuple[Request, Any]]) -> None:
@@ -267,6 +280,14 @@ class MessageFabric(SharedSource):
     def busy(self, device: RoutedDevice) -> None:
         """The fabric has work of ``device`` under way: reap it on progress."""
         self._busy.add(device)
+
+    def retry_later(self, device: RoutedDevice) -> None:
+        """The fabric answered "retry" to ``device``: progress comes back
+        without sleeping until it took the message (no event will say when)."""
+        self._busy.add(device)
+        if device not in self._retrying:
+            self._retrying.add(device)
+            self._progress.kick(self)
 
     def listen(self, listener: Listener) -> int:
         number = next(self._listener_ids)
@@ -310,7 +331,7 @@ class MessageFabric(SharedSource):
                 self.poke()
                 drained = self._take_arrivals(news)
                 self._reap(news)
-                if drained and self.arm():
+                if drained and not self._retrying and self.arm():
                     self._armed = True
                     break
             news.update(self._broken)
@@ -326,6 +347,8 @@ class MessageFabric(SharedSource):
             except ProtocolError as e:
                 device.violated(str(e))
                 news.add(device)
+            if not device.unposted:
+                self._retrying.discard(device)
             if not device.busy:
                 self._busy.discard(device)
         if self._orphans:
@@ -401,10 +424,7 @@ class MessageFabric(SharedSource):
             self._loop.call_soon_threadsafe(self.drop)
             raise
         device = listener.make(peer, route, str(hello["peer"]), str(hello["local"]))
-        message = _ROUTE.pack(device.route)
-        request = self.send(peer, tag(route, CONTROL, WELCOME), message)
-        if not request.completed:
-            self._orphans.append((request, message))
+        device.welcome()
         self._loop.call_soon_threadsafe(self._hand_over, listener, device)
 
     def _hand_over(self, listener: Listener, device: RoutedDevice) -> None:
@@ -434,6 +454,11 @@ class MessageFabric(SharedSource):
             self._orphans.clear()
             self._hellos.clear()
             self._listeners.clear()
+
+
+def welcome_message(route: int) -> bytes:
+    """The WELCOME that tells a peer ``route``."""
+    return _ROUTE.pack(route)
 
 
 def peer_route(message: np.ndarray) -> int:

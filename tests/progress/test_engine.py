@@ -275,3 +275,17 @@ async def test_a_shared_source_serves_its_devices_until_its_last_holder_lets_go(
         await _until(again.released.is_set)
     finally:
         engine.close()
+
+
+@gen_test(timeout=30)
+async def test_kicking_a_source_after_the_engine_closed_does_nothing():
+    """A fabric may ask for progress (a send it must retry) while the engine
+    closes: its progress thread is stopped by then, and the kick is dropped."""
+    loop = asyncio.get_running_loop()
+    engine = ProgressEngine(loop, "thread", make_completion("queue", loop, lambda batch: None,
+                                                            threadsafe=True))
+    source = engine.shared("pipe", _PipeSource)
+    engine.close()
+    engine.kick(source)
+    await _until(source.released.is_set)
+    await _until(lambda: not _progress_threads())

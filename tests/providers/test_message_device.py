@@ -4,10 +4,11 @@ in test_base.py."""
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from distributed.utils_test import gen_test
-from fabric_support import lost, raw_send
+from fabric_support import MemoryFabric, lost, raw_send
 from ucx_support import needs_ucx
 
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
@@ -65,3 +66,18 @@ async def test_a_small_parcel_passes_a_large_one_in_flight(endpoint_pair, fabric
         a.send(2, OutgoingParcel(2, 0, [b"small"], 1024, 65536))
         await b.wait_for(lambda ev: sum(isinstance(e, Message) for e in ev) == 2, timeout=30)
         assert [e.vc for e in b.events if isinstance(e, Message)] == [2, 1]
+
+
+@gen_test(timeout=30)
+async def test_a_fabric_that_never_takes_a_send_loses_the_device_within_the_connect_timeout(
+    endpoint_pair, monkeypatch
+):
+    """Every send answered "retry": the device is lost, naming why, once
+    Dask's connect timeout has passed; progress polls meanwhile, and stops."""
+    monkeypatch.setattr(MemoryFabric, "connect_retries", 1 << 30)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), \
+            endpoint_pair("loop", provider="memory") as (a, b):
+        a.send(1, OutgoingParcel(1, 0, [b"never taken"], 1024, 65536))
+        await a.wait_for(lambda ev: bool(lost(ev)), timeout=10)
+        assert "took no send" in lost(a.events)[0].reason
+        assert not [e for e in b.events if isinstance(e, Message)]
