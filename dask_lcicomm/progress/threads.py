@@ -109,6 +109,13 @@ class _ProgressThread:
                 self._run = None
             return True
 
+    def retire(self, run: _Run) -> None:
+        """Close the wake-up pipe of ``run``, which has exited, under the lock
+        every wake-up holds: the command that stopped it may have been taken
+        before its wake-up byte was written."""
+        with self._lock:
+            run.close_wake()
+
     def stop(self) -> None:
         """Tell the thread to exit; not joined: this runs on the event loop,
         and a thread releasing its last devices must not stall it."""
@@ -143,6 +150,10 @@ class _Run:
 
     def wake(self) -> None:
         os.write(self._wake_w, b"\0")
+
+    def close_wake(self) -> None:
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def stop(self) -> None:
         self._stopping = True
@@ -227,8 +238,7 @@ class _Run:
                 elif key.data is not None:
                     self.unregister(key.data)
             selector.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self._slot.retire(self)
             self._completion.flush()
 
     def _progress(self, source: SharedSource) -> None:

@@ -289,3 +289,33 @@ async def test_kicking_a_source_after_the_engine_closed_does_nothing():
     engine.kick(source)
     await _until(source.released.is_set)
     await _until(lambda: not _progress_threads())
+
+
+@gen_test(timeout=30)
+async def test_a_thread_stopped_before_its_wake_up_byte_is_written_keeps_its_pipe_until_then(monkeypatch):
+    """The stop command is in the run's queue before the byte that wakes it
+    is written: a run already awake takes it, exits, and must not close its
+    pipe under that write (EBADF, or a write into a reused descriptor)."""
+    loop = asyncio.get_running_loop()
+    slot = _ProgressThread(make_completion("queue", loop, lambda batch: None, threadsafe=True))
+    appended = threading.Event()
+    stopping = False
+    real_wake = _Run.wake
+
+    def wake(run):
+        if stopping:
+            appended.set()
+            time.sleep(0.2)  # the run takes the stop command meanwhile
+        real_wake(run)
+
+    monkeypatch.setattr(_Run, "wake", wake)
+    source = _PipeSource()
+    # The run watches a source (so it does not exit by itself) and is awake,
+    # inside a command, when the stop command comes.
+    slot.post(_Run.watch, source)
+    slot.post(lambda run: appended.wait(5))
+    run = slot._run
+    stopping = True
+    slot.stop()
+    run.thread.join(5)
+    assert not run.thread.is_alive() and source.released.is_set()
