@@ -11,14 +11,14 @@ Dask's Comm API.
 The special case of :mod:`benchmarks._harness` where the configurations are
 plain schemes, with whatever environment the harness itself was started in,
 and lci pinned to one provider (:data:`PINNED`: ``lci-tcp``, the path between
-hosts, and ``lci-ucx``, UCX -- the ``providers`` variants of
+hosts, ``lci-ucx``, UCX, and ``lci-ofi``, libfabric -- the ``providers`` variants of
 :mod:`benchmarks.variants` under these labels; plain ``lci`` runs the default
 providers, shared memory on one host) -- plus, with ``baseline``, lci as
 built in another directory (``lci@baseline``, see
 :func:`benchmarks._configurations.baseline_build`).  The table has one row per
 benchmark metric and one column per configuration, plus ``<label>/tcp``
-ratio columns, ``lci/lci@baseline``, ``lci/ucxx`` and ``lci-ucx/ucxx`` when
-both take part.
+ratio columns, ``lci/lci@baseline``, ``lci/ucxx``, ``lci-ucx/ucxx``,
+``lci-ofi/ucxx`` and ``lci-ofi/lci-ucx`` when both take part.
 """
 
 from __future__ import annotations
@@ -51,14 +51,16 @@ DEFAULT_SCHEMES = ("lci", "tcp", "ucxx")
 #: a fallback to tcp, and lci-ucx shows as "not installed" without ucxx.
 LCI_TCP = VARIANTS_BY_NAME["providers-tcp"].configuration("lci-tcp")
 LCI_UCX = VARIANTS_BY_NAME["providers-ucx"].configuration("lci-ucx")
-PINNED = {c.label: c for c in (LCI_TCP, LCI_UCX)}
+LCI_OFI = VARIANTS_BY_NAME["providers-ofi"].configuration("lci-ofi")
+PINNED = {c.label: c for c in (LCI_TCP, LCI_UCX, LCI_OFI)}
 
 #: What runs when no names are given: each lci next to its plain ``lci``.
 DEFAULT_NAMES = ("lci", *PINNED, "tcp", "ucxx")
 
 #: Ratio columns beyond ``<x>/tcp``: this build against an earlier one, and
 #: the comparisons the project is judged on (UCX's own against lci's).
-_EXTRA_PAIRS = (("lci", BASELINE_BUILD), ("lci", "ucxx"), (LCI_UCX.label, "ucxx"))
+_EXTRA_PAIRS = (("lci", BASELINE_BUILD), ("lci", "ucxx"), (LCI_UCX.label, "ucxx"),
+                (LCI_OFI.label, "ucxx"), (LCI_OFI.label, LCI_UCX.label))
 
 
 def make_config(

@@ -11,7 +11,8 @@ environment given to the servers too:
 
 * ``tcp``, ``ucxx``: Dask's comms (``ucxx`` where distributed-ucxx is installed);
 * ``lci``: lci as configured by default (shm on one host);
-* ``lci-tcp``, ``lci-ucx``: lci with ``providers: [tcp]`` or ``[ucx]``.
+* ``lci-tcp``, ``lci-ucx``, ``lci-ofi``: lci with ``providers: [tcp]``, ``[ucx]``
+  or ``[ofi]`` (libfabric's tcp provider on loopback).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ CONFIGS: dict[str, tuple[str, dict[str, str], str | None]] = {
     "lci": ("lci", {}, None),
     "lci-tcp": ("lci", {_PROVIDERS: "[tcp]"}, None),
     "lci-ucx": ("lci", {_PROVIDERS: "[ucx]"}, "ucxx"),
+    "lci-ofi": ("lci", {_PROVIDERS: "[ofi]", "DASK_DISTRIBUTED__COMM__LCI__OFI__NODE": "127.0.0.1",
+                        "DASK_DISTRIBUTED__COMM__LCI__OFI__PROVIDER": "tcp;ofi_rxm"},
+                "dask_lcicomm.providers._ofi"),
 }
 MESSAGE = {"op": "ping", "x": 1}
 _ADDRESSES = "addresses:"

@@ -126,6 +126,10 @@ VARIANTS = (
     Variant.of("providers-tcp", {"providers": ["tcp"]}),
     Variant.of("providers-shm", {"providers": ["shm", "tcp"]}),
     Variant.of("providers-ucx", {"providers": ["ucx", "tcp"]}, requires="ucxx"),
+    # libfabric's tcp provider on loopback: the fabric every host has (the
+    # extension is built where libfabric's headers are found).
+    Variant.of("providers-ofi", {"providers": ["ofi", "tcp"], "ofi.provider": "tcp;ofi_rxm",
+                                 "ofi.node": "127.0.0.1"}, requires="dask_lcicomm.providers._ofi"),
 )
 
 VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}

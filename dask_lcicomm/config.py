@@ -113,7 +113,7 @@ class Flag(Kind):
 @dataclass(frozen=True)
 class Providers(Kind):
     def accepts(self) -> str:
-        return "a list of provider names: `shm`, `tcp`, `ucx`"
+        return "a list of provider names: `shm`, `tcp`, `ucx`, `ofi`"
 
     def parse(self, key: str, value: Any) -> tuple[str, ...]:
         if isinstance(value, str):

@@ -11,6 +11,7 @@ import socket
 
 import pytest
 from fabric_support import MemoryFabric, fabric_devices, install_memory_provider
+from ofi_support import ofi_devices
 from ucx_support import ucx_devices
 
 from dask_lcicomm.parcel import Limits
@@ -85,6 +86,14 @@ class Endpoint:
         self.engine.close()
 
 
+#: The two ends of a device of each message fabric, made in one process.
+_FABRIC_DEVICES = {
+    "ucx": ucx_devices,
+    "ofi": ofi_devices,
+    "memory": lambda loop, ends: fabric_devices(loop, ends, "memory", MemoryFabric),
+}
+
+
 @pytest.fixture
 def endpoint_pair():
     """``with endpoint_pair(mode, **kwargs) as (a, b)``: two connected endpoints."""
@@ -93,7 +102,7 @@ def endpoint_pair():
     def make(mode="loop", sndbuf=None, provider="tcp", pool=None, **kwargs):
         """With ``provider="shm"``, ``sndbuf`` is the ring size and large
         frames go through the ring unless a ``pool`` is given explicitly;
-        with a message fabric (``"ucx"``, ``"memory"``) it has no effect."""
+        with a message fabric (``"ucx"``, ``"ofi"``, ``"memory"``) it has no effect."""
         loop = asyncio.get_running_loop()
         if provider == "shm":
             socks = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -109,15 +118,14 @@ def endpoint_pair():
             if pool is None:
                 pool = 0 if sndbuf else 64 << 20
             transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
-        elif provider in ("ucx", "memory"):
+        elif provider in _FABRIC_DEVICES:
             transports = [None, None]
         made = []
         try:
             for transport in transports:
                 made.append(Endpoint(loop, transport, mode, **kwargs))
-            if provider in ("ucx", "memory"):
-                devices = (ucx_devices(loop, made) if provider == "ucx"
-                           else fabric_devices(loop, made, "memory", MemoryFabric))
+            if provider in _FABRIC_DEVICES:
+                devices = _FABRIC_DEVICES[provider](loop, made)
                 for end, device in zip(made, devices, strict=True):
                     end.attach(device)
             yield made

@@ -16,11 +16,13 @@ it and the sends still waiting in its queue.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.machinery
 import os
 import secrets
 import sys
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Callable
@@ -30,8 +32,9 @@ import numpy as np
 
 from dask_lcicomm.providers.base import DeviceLost
 from dask_lcicomm.providers.message_device import MessageDevice
-from dask_lcicomm.providers.message_fabric import MessageFabric, tag
+from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_provider import MessageProvider
+from dask_lcicomm.providers.message_tags import tag
 
 #: Messages up to this size complete at their sender at once.
 EAGER_BYTES = 8192
@@ -242,17 +245,20 @@ def lost(events):
     return [e for e in events if isinstance(e, DeviceLost)]
 
 
-def raw_send(sender, data: bytes, route: int, kind: int, number: int, peer=None) -> None:
+async def raw_send(sender, data: bytes, route: int, kind: int, number: int, peer=None) -> None:
     """Send ``data`` with the given tag to ``sender``'s peer (or to ``peer``,
     a handle of its fabric), as a peer that does not follow the protocol
-    would."""
+    would; while the fabric answers "retry" (a new peer), the event loop
+    runs the progress both ends need to connect."""
     fabric = sender.device.source
-    with fabric.lock:
-        for _ in range(1000):  # past the sends a new peer answers "retry" to
+    deadline = time.monotonic() + 10
+    while True:
+        with fabric.lock:
             request = fabric.send(peer or sender.device._peer, tag(route, kind, number), data)
             if request is not None:
-                break
-        else:
-            raise AssertionError("the fabric never took the message")
-        if not request.completed:
-            fabric._orphans.append((request, data))
+                if not request.completed:
+                    fabric._orphans.append((request, data))
+                return
+            fabric.poke()
+        assert time.monotonic() < deadline, "the fabric never took the message"
+        await asyncio.sleep(0.001)

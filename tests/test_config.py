@@ -21,7 +21,7 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
     assert settings.eager_threshold == 64 * 1024
     assert settings.providers == ("shm", "tcp")
-    assert set(settings.sections) == set(SECTIONS) == {"shm", "ucx"}
+    assert set(settings.sections) == set(SECTIONS) == {"shm", "ucx", "ofi"}
 
 
 def test_dask_config_overrides():

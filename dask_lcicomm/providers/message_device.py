@@ -42,9 +42,11 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, connect_timeout
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
-from dask_lcicomm.providers.message_fabric import (
+from dask_lcicomm.providers.message_fabric import MessageFabric, Request, RoutedDevice
+from dask_lcicomm.providers.message_inbox import Inbox
+from dask_lcicomm.providers.message_tags import (
     BULK,
     CONTROL,
     END,
@@ -52,14 +54,10 @@ from dask_lcicomm.providers.message_fabric import (
     PROMPT,
     STREAM,
     WELCOME,
-    MessageFabric,
-    Request,
-    RoutedDevice,
     peer_route,
     tag,
     welcome_message,
 )
-from dask_lcicomm.providers.message_inbox import Inbox
 from dask_lcicomm.providers.send_queue import Unit
 
 logger = logging.getLogger(__name__)
@@ -205,8 +203,8 @@ class MessageDevice(RoutedDevice):
 
     def _post_unposted(self) -> bool:
         """Hand the fabric what it answered "retry" to, in order; True when
-        any went. A fabric that takes nothing for Dask's connect timeout has
-        lost the peer."""
+        any went. A peer the fabric takes nothing for, for its
+        :attr:`~.MessageFabric.retry_limit`, is unreachable."""
         unposted = self._unposted
         posted = False
         while unposted:
@@ -214,8 +212,9 @@ class MessageDevice(RoutedDevice):
             request = self._fabric.send(self._peer, value, message)
             if request is None:
                 waited = time.monotonic() - self._unposted_since
-                if waited > connect_timeout() and self._failed is None:
-                    self._failed = f"the {self.provider} fabric took no send for {waited:.0f} s"
+                if waited > self._fabric.retry_limit and self._failed is None:
+                    self._unreachable(f"the {self.provider} fabric took no send to the peer "
+                                      f"for {waited:.1f} s: it cannot reach it")
                     return True
                 return posted
             unposted.popleft()
@@ -357,7 +356,10 @@ class MessageDevice(RoutedDevice):
             self.on_welcome(f"protocol error: {reason}")
 
     def peer_failed(self) -> None:
-        self._failed = self._failed or f"the {self.provider} fabric lost the peer"
+        self._unreachable(f"the {self.provider} fabric lost the peer")
+
+    def _unreachable(self, reason: str) -> None:
+        self._failed = self._failed or reason
         if self.on_welcome is not None and not self._peer_route:
             self.on_welcome(self._failed)
 

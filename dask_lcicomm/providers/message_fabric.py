@@ -12,22 +12,10 @@ messages is :mod:`.message_device`'s, the same for every fabric.
 Every message is a tagged send that no receive awaits (LCI's one-sided
 puts): progress takes each message off the fabric's queue of unexpected
 messages with its tag and length, and hands it to the device its tag routes
-it to, which checks the length against its limits before it allocates
-anything. A tag is::
-
-    | route: 32 bits | kind: 2 bits | number: 30 bits |
-
-The route is a random number that the receiving device chose and told its
-peer alone, in the welcome below. A peer therefore knows the routes of its
-own devices only: it cannot put a message into another peer's conversation
-except by guessing 32 random bits, and a message whose route no device holds
-is dropped unread.
-
-Route 0 belongs to the fabric. A HELLO there asks a listener for a device. It
-carries the connecting endpoint's address, the listener's number (from its
-offer) and the route to answer on. The acceptor makes the device and a peer
-handle back, and answers on that route with a WELCOME that carries its own
-route.
+it to (:mod:`.message_tags`), which checks the length against its limits
+before it allocates anything. Route 0 is the fabric's own: a HELLO there
+asks a listener for a device, which answers with a WELCOME; anything else
+there is a probe, dropped unread.
 """
 
 from __future__ import annotations
@@ -36,7 +24,6 @@ import asyncio
 import json
 import logging
 import secrets
-import struct
 import threading
 import time
 from abc import abstractmethod
@@ -49,19 +36,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from dask_lcicomm.parcel import ProtocolError
-from dask_lcicomm.providers.base import Device, Progress, SharedSource
+from dask_lcicomm.providers.base import Device, Progress, SharedSource, connect_timeout
+from dask_lcicomm.providers.message_tags import CONTROL, NUMBER_BITS, NUMBER_MASK
 
 logger = logging.getLogger(__name__)
 
-#: Message kinds. A stream message carries bytes of the parcel stream;
-#: a bulk message one bulk group of a parcel (prompt: its parcel follows at
-#: once); a control message a WELCOME or an END, in stream order.
-STREAM, BULK, PROMPT, CONTROL = range(4)
-WELCOME, END = range(2)
-NUMBER_BITS = 30
-NUMBER_MASK = (1 << NUMBER_BITS) - 1
-
-_ROUTE = struct.Struct("<I")
 _MAX_HELLO_BYTES = 16 * 1024
 #: Most messages taken from the fabric's queue in one pass.
 _PROBES = 64
@@ -69,11 +48,6 @@ _PROBES = 64
 _PROGRESS_ROUNDS = 16
 #: How long a closed device's peer handle may take to finish its sends.
 _RETIRE_S = 10.0
-
-
-def tag(route: int, kind: int, number: int) -> int:
-    """The tag of a message of ``kind`` to ``route``."""
-    return route << 32 | kind << NUMBER_BITS | (number & NUMBER_MASK)
 
 
 class Request(Protocol):
@@ -217,6 +191,13 @@ class MessageFabric(SharedSource):
     def setup_errors() -> tuple[type[BaseException], ...]:
         """What opening a peer raises when the peer or fabric cannot do it:
         each means "not over this fabric with this peer", never a crash."""
+
+    @property
+    def retry_limit(self) -> float:
+        """How long, in seconds, the fabric may answer "retry" to every send
+        to a peer before that peer counts as unreachable: Dask's connect
+        timeout, unless the fabric knows better."""
+        return connect_timeout()
 
     # -- routes and listeners (under the lock) ----------------------------
 
@@ -380,7 +361,10 @@ class MessageFabric(SharedSource):
             value, nbytes, message = taken
             route, kind, number = value >> 32, (value >> NUMBER_BITS) & 3, value & NUMBER_MASK
             if route == 0:
-                self._take_hello(nbytes, message)
+                if kind == CONTROL:
+                    self._take_hello(nbytes, message)
+                else:
+                    self._drop(nbytes, message)
                 continue
             device = self._routes.get(route)
             if device is None:
@@ -455,17 +439,3 @@ class MessageFabric(SharedSource):
             self._hellos.clear()
             self._listeners.clear()
 
-
-def welcome_message(route: int) -> bytes:
-    """The WELCOME that tells a peer ``route``."""
-    return _ROUTE.pack(route)
-
-
-def peer_route(message: np.ndarray) -> int:
-    """The route a WELCOME carries."""
-    if message.nbytes != _ROUTE.size:
-        raise ProtocolError(f"a {message.nbytes}-byte welcome")
-    (route,) = _ROUTE.unpack(message.tobytes())
-    if route == 0:
-        raise ProtocolError("a welcome without a route")
-    return int(route)

@@ -19,16 +19,8 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import Limits, ProtocolError
-from dask_lcicomm.providers.message_fabric import (
-    BULK,
-    END,
-    NUMBER_BITS,
-    NUMBER_MASK,
-    PROMPT,
-    STREAM,
-    WELCOME,
-    Request,
-)
+from dask_lcicomm.providers.message_fabric import Request
+from dask_lcicomm.providers.message_tags import BULK, END, NUMBER_BITS, NUMBER_MASK, PROMPT, STREAM, WELCOME
 
 _HALF = 1 << (NUMBER_BITS - 1)
 

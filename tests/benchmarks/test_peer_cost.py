@@ -20,7 +20,7 @@ def test_peer_cost_measures_each_configuration(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
-    assert set(data["results"]) == {"tcp", "ucxx", "lci", "lci-tcp", "lci-ucx"}
+    assert set(data["results"]) == {"tcp", "ucxx", "lci", "lci-tcp", "lci-ucx", "lci-ofi"}
     for name in ("tcp", "lci", "lci-tcp"):
         result = data["results"][name]
         # every comm holds at least its own descriptor (a socket, or the
@@ -28,7 +28,7 @@ def test_peer_cost_measures_each_configuration(tmp_path):
         assert result["fds_per_peer"] >= 1, (name, result)
         assert result["rss_mib_per_peer"] > -1, (name, result)
         assert f"| {name} |" in proc.stdout
-    for name in ("ucxx", "lci-ucx"):
+    for name in ("ucxx", "lci-ucx", "lci-ofi"):
         result = data["results"][name]
         assert "fds_per_peer" in result or "not installed" in result["skipped"]
 

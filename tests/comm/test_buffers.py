@@ -19,6 +19,7 @@ import pytest
 from distributed.comm import connect, listen
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_test
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm.comm.comm import LCIComm
@@ -27,6 +28,7 @@ PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
     pytest.param(["tcp"], id="tcp"),
     needs_ucx(["ucx", "tcp"], id="ucx"),
+    needs_ofi(["ofi", "tcp"], id="ofi"),
     # a message fabric inside the process (tests/fabric_support.py)
     pytest.param(["memory"], id="memory"),
 ]

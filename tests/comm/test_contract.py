@@ -52,6 +52,7 @@ from distributed.comm.core import Comm, Listener
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize
 from distributed.security import Security
 from distributed.utils_test import gen_test
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 # Import the package before distributed.utils_test: gen_test resets Dask's
@@ -138,14 +139,15 @@ def _variant(progress: str, ndevices: int, completion: str, provider: str = "shm
     cfg = {"progress": progress, "ndevices": ndevices, "completion": completion,
            "providers": [provider] if provider == "tcp" else [provider, "tcp"]}
     name = f"{progress}-nd{ndevices}-{completion}-{provider}"
-    return needs_ucx(cfg, id=name) if provider == "ucx" else pytest.param(cfg, id=name)
+    needs = {"ucx": needs_ucx, "ofi": needs_ofi}.get(provider)
+    return needs(cfg, id=name) if needs else pytest.param(cfg, id=name)
 
 
 #: every combination of progress mode x ndevices x completion mode x provider
 ALL_VARIANTS = [
     _variant(p, n, c, v)
     for p, n, c, v in itertools.product(
-        ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx", "memory")
+        ("loop", "thread", "poll"), (1, 3), ("queue", "sync"), ("shm", "tcp", "ucx", "ofi", "memory")
     )
 ]
 #: combinations covering every pair of values of any two of the four knobs, and polling shm
@@ -159,6 +161,8 @@ PAIRWISE_VARIANTS = [
     _variant("loop", 1, "queue", "ucx"),
     _variant("thread", 3, "sync", "ucx"),
     _variant("poll", 1, "queue", "ucx"),
+    _variant("loop", 1, "sync", "ofi"),
+    _variant("thread", 3, "queue", "ofi"),
     # the message device over a fabric inside the process (tests/fabric_support.py)
     _variant("loop", 3, "sync", "memory"),
     _variant("thread", 1, "queue", "memory"),

@@ -24,6 +24,7 @@ import pytest
 from distributed import Client, LocalCluster, wait
 from distributed.utils_test import gen_cluster
 from eventually import eventually
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm import connections
@@ -219,6 +220,7 @@ def _local_cluster(processes: bool, lci_config: dict | None = None):
 
 _THREAD_PROGRESS = {"distributed.comm.lci.progress": "thread", "distributed.comm.lci.ndevices": 2}
 _UCX = {"distributed.comm.lci.providers": ["ucx"]}
+_OFI = {"distributed.comm.lci.providers": ["ofi"]}
 #: A message fabric inside the process (tests/fabric_support.py).
 _MEMORY = {"distributed.comm.lci.providers": ["memory"]}
 
@@ -231,6 +233,7 @@ _MEMORY = {"distributed.comm.lci.providers": ["memory"]}
         needs_ucx((True, _UCX), id="processes-ucx"),
         needs_ucx((False, {**_UCX, **_THREAD_PROGRESS}), id="threads-progress-thread-ucx"),
         pytest.param((False, {**_MEMORY, **_THREAD_PROGRESS}), id="threads-progress-thread-memory"),
+        needs_ofi((True, _OFI), id="processes-ofi"),
     ],
 )
 def lci_client(request):

@@ -20,6 +20,7 @@ from distributed.comm import connect, listen
 from distributed.comm.core import CommClosedError
 from distributed.comm.registry import get_backend
 from distributed.utils_test import gen_test
+from ofi_support import needs_ofi
 from tornado.ioloop import IOLoop
 from ucx_support import needs_ucx
 
@@ -34,6 +35,7 @@ PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
     pytest.param(["tcp"], id="tcp"),
     needs_ucx(["ucx", "tcp"], id="ucx"),
+    needs_ofi(["ofi", "tcp"], id="ofi"),
     # a message fabric inside the process (tests/fabric_support.py)
     pytest.param(["memory"], id="memory"),
 ]

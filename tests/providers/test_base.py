@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 from distributed.utils_test import gen_test
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm.parcel import Message, OutgoingParcel
@@ -19,7 +20,7 @@ from dask_lcicomm.providers.base import DeviceClosed, DeviceLost, SendDone
 
 MODES = ["loop", "thread", "poll"]
 #: "memory" is a message fabric inside the process (tests/fabric_support.py).
-PROVIDERS = ["tcp", "shm", needs_ucx("ucx", id="ucx"), "memory"]
+PROVIDERS = ["tcp", "shm", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi"), "memory"]
 
 
 def _messages(events, vc=None):

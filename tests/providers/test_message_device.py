@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from distributed.utils_test import gen_test
 from fabric_support import MemoryFabric, lost, raw_send
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm.parcel import Limits, Message, OutgoingParcel
-from dask_lcicomm.providers import message_fabric
+from dask_lcicomm.providers import message_tags
 
 #: The message fabrics; "memory" is one inside the process (tests/fabric_support.py).
-FABRICS = ["memory", needs_ucx("ucx", id="ucx")]
+FABRICS = ["memory", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
 
 
 def _unsent_group() -> bytes:
@@ -30,12 +31,12 @@ def _unsent_group() -> bytes:
 
 #: What a peer sends on its own route, as (data, kind, number).
 HOSTILE = {
-    "garbage in the stream": (b"not a parcel stream at all", message_fabric.STREAM, 0),
-    "placed group that never arrived": (_unsent_group(), message_fabric.STREAM, 0),
-    "bulk message over the limit": (bytes(2 << 20), message_fabric.BULK, 5),
-    "stream waiting for prompt messages never sent": (b"x", message_fabric.STREAM, 3),
-    "a second welcome": (bytes(4), message_fabric.CONTROL, message_fabric.WELCOME),
-    "an unknown control message": (b"", message_fabric.CONTROL, 9),
+    "garbage in the stream": (b"not a parcel stream at all", message_tags.STREAM, 0),
+    "placed group that never arrived": (_unsent_group(), message_tags.STREAM, 0),
+    "bulk message over the limit": (bytes(2 << 20), message_tags.BULK, 5),
+    "stream waiting for prompt messages never sent": (b"x", message_tags.STREAM, 3),
+    "a second welcome": (bytes(4), message_tags.CONTROL, message_tags.WELCOME),
+    "an unknown control message": (b"", message_tags.CONTROL, 9),
 }
 
 
@@ -49,7 +50,7 @@ async def test_a_hostile_peer_loses_its_device_alone(endpoint_pair, case, fabric
     limits = Limits(max_message_bytes=1 << 20)
     with endpoint_pair("loop", provider=fabric, limits=limits) as (a, b), \
             endpoint_pair("loop", provider=fabric) as (c, d):
-        raw_send(a, data, b.device.route, kind, number)
+        await raw_send(a, data, b.device.route, kind, number)
         await b.wait_for(lambda ev: bool(lost(ev)))
         assert lost(b.events)[0].violation, lost(b.events)
         c.send(3, OutgoingParcel(3, 0, [b"still here", np.ones(200_000, np.uint8)], 1024, 65536))

@@ -11,13 +11,14 @@ import random
 import pytest
 from distributed.utils_test import gen_test
 from fabric_support import lost, raw_send
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm.parcel import Message, OutgoingParcel
-from dask_lcicomm.providers.message_fabric import CONTROL, STREAM
+from dask_lcicomm.providers.message_tags import CONTROL, STREAM
 
 #: The message fabrics; "memory" is one inside the process (tests/fabric_support.py).
-FABRICS = ["memory", needs_ucx("ucx", id="ucx")]
+FABRICS = ["memory", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
 
 
 @contextlib.contextmanager
@@ -56,10 +57,10 @@ async def test_a_peer_cannot_inject_into_another_peers_conversation(endpoint_pai
         }
         guesses.discard(b.device.route)
         for route in sorted(guesses):
-            raw_send(intruder, forged, route, STREAM, 0, peer)
+            await raw_send(intruder, forged, route, STREAM, 0, peer)
         hello = json.dumps({"address": a.device.source.address, "listener": 1, "route": 7,
                             "local": "lci://a:1", "peer": "lci://b:1"}).encode()
-        raw_send(intruder, hello, 0, CONTROL, 0, peer)
+        await raw_send(intruder, hello, 0, CONTROL, 0, peer)
         a.send(1, OutgoingParcel(1, 0, [b"genuine"], 1024, 65536))
         await b.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
         await asyncio.sleep(0.5)
@@ -96,7 +97,7 @@ async def test_malformed_hellos_are_dropped_and_the_fabric_keeps_serving(endpoin
             json.dumps({k: v for k, v in good.items() if k != "address"}).encode(),
         ]
         for hello in hellos:
-            raw_send(intruder, hello, 0, CONTROL, 0, peer)
+            await raw_send(intruder, hello, 0, CONTROL, 0, peer)
         a.send(1, OutgoingParcel(1, 0, [b"genuine"], 1024, 65536))
         await b.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
         await asyncio.sleep(0.5)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from dask_lcicomm.parcel import Limits, ProtocolError
-from dask_lcicomm.providers.message_fabric import BULK, CONTROL, END, PROMPT, STREAM, WELCOME
 from dask_lcicomm.providers.message_inbox import Inbox
+from dask_lcicomm.providers.message_tags import BULK, CONTROL, END, PROMPT, STREAM, WELCOME
 
 
 class _Receive:

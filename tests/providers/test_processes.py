@@ -18,6 +18,7 @@ import pytest
 from distributed.comm import CommClosedError, connect, listen
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_test
+from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 MiB = 1 << 20
@@ -97,6 +98,7 @@ PEERS = [
     pytest.param({"shm__pool_size": "256MiB"}, "shm", id="shm-256MiB"),
     pytest.param({"shm__pool_size": "0"}, "shm", id="shm-0"),
     needs_ucx({"providers": "[ucx]"}, "ucx", id="ucx"),
+    needs_ofi({"providers": "[ofi]"}, "ofi", id="ofi"),
 ]
 
 
@@ -160,7 +162,7 @@ def _sizes(rng: np.random.Generator, n: int) -> list[int]:
     return [0, 32 * MiB, *sizes[2:]]
 
 
-@pytest.mark.parametrize("provider", ["shm", needs_ucx("ucx", id="ucx")])
+@pytest.mark.parametrize("provider", ["shm", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")])
 @gen_test(timeout=600)
 async def test_random_traffic_under_back_pressure_arrives_intact(provider):
     """2000 messages of 0 B .. 32 MiB on 8 comms, echoed by another process,

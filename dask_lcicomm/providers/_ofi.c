@@ -1,0 +1,477 @@
+/* The libfabric calls of the ofi provider (providers/ofi_fabric.py).
+ *
+ * libfabric's data-path calls (fi_tsend, fi_trecvmsg, fi_cq_read, ...) are
+ * static inline functions over the provider's ops tables: no foreign-function
+ * interface can call them, a compiled module must. This one is a plain C
+ * extension, built like the shm provider's _atomics: an optional extension
+ * of the package, compiled against the libfabric headers found at install
+ * time, with no build or run-time dependency besides libfabric itself. The
+ * compiler checks every call against the site's own headers.
+ *
+ * Endpoint   one FI_EP_RDM endpoint with tagged messages, an address vector
+ *            (FI_AV_TABLE) for its peers and one completion queue whose
+ *            wait object is a descriptor (FI_WAIT_FD), for sends and
+ *            receives. Every operation carries a 64-bit id, which its
+ *            completion returns. An operation owns its context and, until
+ *            it completes, a buffer view of the memory it reads or writes,
+ *            so that the memory cannot be freed under libfabric; close()
+ *            frees the operations left.
+ *
+ * Calls are serialised by the caller (FI_THREAD_DOMAIN); none blocks.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#define POLL_BATCH 64
+
+typedef struct op {
+    struct fi_context2 context; /* first: libfabric hands it back */
+    struct op *prev, *next;
+    uint64_t id;
+    int peek;
+    int has_view;
+    Py_buffer view;
+} op;
+
+typedef struct {
+    PyObject_HEAD
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    int fd;
+    size_t addrlen; /* the length of an address: the endpoint's own */
+    op ops;       /* sentinel of the operations in flight */
+    op *claimed;  /* the message a peek claimed, until receive() takes it */
+} Endpoint;
+
+static PyObject *fi_error(int code, const char *what) {
+    /* code: a negative FI_E* (libfabric's errno values are errno's) */
+    PyObject *e = PyObject_CallFunction(PyExc_OSError, "is", -code, fi_strerror(-code));
+    if (e) {
+        PyObject *message = PyUnicode_FromFormat("%s: %s", what, fi_strerror(-code));
+        if (message) {
+            PyObject_SetAttrString(e, "strerror", message);
+            Py_DECREF(message);
+        }
+        PyErr_SetObject(PyExc_OSError, e);
+        Py_DECREF(e);
+    }
+    return NULL;
+}
+
+static op *op_new(Endpoint *self, uint64_t id) {
+    op *o = PyMem_Calloc(1, sizeof *o);
+    if (!o) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    o->id = id;
+    o->next = self->ops.next;
+    o->prev = &self->ops;
+    self->ops.next->prev = o;
+    self->ops.next = o;
+    return o;
+}
+
+static void op_free(op *o) {
+    o->prev->next = o->next;
+    o->next->prev = o->prev;
+    if (o->has_view)
+        PyBuffer_Release(&o->view);
+    PyMem_Free(o);
+}
+
+static void endpoint_close_all(Endpoint *self) {
+    /* Closing the endpoint cancels what it had posted; then no completion
+       can name an operation any more, and they are freed. */
+    if (self->ep) fi_close(&self->ep->fid);
+    if (self->av) fi_close(&self->av->fid);
+    if (self->cq) fi_close(&self->cq->fid);
+    if (self->domain) fi_close(&self->domain->fid);
+    if (self->fabric) fi_close(&self->fabric->fid);
+    if (self->info) fi_freeinfo(self->info);
+    self->ep = NULL;
+    self->av = NULL;
+    self->cq = NULL;
+    self->domain = NULL;
+    self->fabric = NULL;
+    self->info = NULL;
+    while (self->ops.next != &self->ops)
+        op_free(self->ops.next);
+    self->claimed = NULL;
+}
+
+static int check_open(Endpoint *self) {
+    if (self->ep)
+        return 1;
+    PyErr_SetString(PyExc_ValueError, "the endpoint is closed");
+    return 0;
+}
+
+static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"provider", "node", NULL};
+    const char *provider = NULL, *node = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zz", kwlist, &provider, &node))
+        return -1;
+    if (self->ep) {
+        PyErr_SetString(PyExc_ValueError, "the endpoint is open already");
+        return -1;
+    }
+    self->ops.next = self->ops.prev = &self->ops;
+    struct fi_info *hints = fi_allocinfo();
+    if (!hints) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    /* No local registration: sends and receives name plain memory. */
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    if (provider && *provider)
+        hints->fabric_attr->prov_name = strdup(provider);
+    int r = fi_getinfo(FI_VERSION(1, 9), node, node ? "0" : NULL, node ? FI_SOURCE : 0, hints,
+                       &self->info);
+    fi_freeinfo(hints);
+    if (r) {
+        self->info = NULL;
+        fi_error(r, "fi_getinfo: no libfabric provider for tagged messages on a reliable endpoint");
+        return -1;
+    }
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_FD};
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    const char *what = "fi_fabric";
+    if ((r = fi_fabric(self->info->fabric_attr, &self->fabric, NULL)))
+        goto fail;
+    what = "fi_domain";
+    if ((r = fi_domain(self->fabric, self->info, &self->domain, NULL)))
+        goto fail;
+    what = "fi_cq_open (a completion queue with a descriptor to wait on)";
+    if ((r = fi_cq_open(self->domain, &cq_attr, &self->cq, NULL)))
+        goto fail;
+    what = "fi_av_open";
+    if ((r = fi_av_open(self->domain, &av_attr, &self->av, NULL)))
+        goto fail;
+    what = "fi_endpoint";
+    if ((r = fi_endpoint(self->domain, self->info, &self->ep, NULL)))
+        goto fail;
+    what = "fi_ep_bind";
+    if ((r = fi_ep_bind(self->ep, &self->cq->fid, FI_TRANSMIT | FI_RECV)))
+        goto fail;
+    if ((r = fi_ep_bind(self->ep, &self->av->fid, 0)))
+        goto fail;
+    what = "fi_enable";
+    if ((r = fi_enable(self->ep)))
+        goto fail;
+    what = "FI_GETWAIT";
+    if ((r = fi_control(&self->cq->fid, FI_GETWAIT, &self->fd)))
+        goto fail;
+    char name[1024];
+    self->addrlen = sizeof name;
+    what = "fi_getname";
+    if ((r = fi_getname(&self->ep->fid, name, &self->addrlen)))
+        goto fail;
+    return 0;
+fail:
+    endpoint_close_all(self);
+    fi_error(r, what);
+    return -1;
+}
+
+static void Endpoint_dealloc(Endpoint *self) {
+    if (self->ops.next)
+        endpoint_close_all(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Endpoint_close(Endpoint *self, PyObject *unused) {
+    if (self->ops.next)
+        endpoint_close_all(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Endpoint_fileno(Endpoint *self, PyObject *unused) {
+    if (!check_open(self))
+        return NULL;
+    return PyLong_FromLong(self->fd);
+}
+
+static PyObject *Endpoint_name(Endpoint *self, PyObject *unused) {
+    if (!check_open(self))
+        return NULL;
+    char addr[1024];
+    size_t len = sizeof addr;
+    int r = fi_getname(&self->ep->fid, addr, &len);
+    if (r)
+        return fi_error(r, "fi_getname");
+    return PyBytes_FromStringAndSize(addr, (Py_ssize_t)len);
+}
+
+static PyObject *Endpoint_provider(Endpoint *self, void *unused) {
+    if (!check_open(self))
+        return NULL;
+    return PyUnicode_FromString(self->info->fabric_attr->prov_name);
+}
+
+static PyObject *Endpoint_max_message(Endpoint *self, void *unused) {
+    if (!check_open(self))
+        return NULL;
+    return PyLong_FromSize_t(self->info->ep_attr->max_msg_size);
+}
+
+static PyObject *Endpoint_insert(Endpoint *self, PyObject *arg) {
+    Py_buffer address;
+    if (!check_open(self) || PyObject_GetBuffer(arg, &address, PyBUF_SIMPLE))
+        return NULL;
+    /* fi_av_insert reads an address of the fabric's format: check the
+       length first (an address comes from a peer's hello). */
+    if ((size_t)address.len != self->addrlen) {
+        PyBuffer_Release(&address);
+        return PyErr_Format(PyExc_ValueError, "a %zd-byte address; this fabric's have %zu",
+                            address.len, self->addrlen);
+    }
+    fi_addr_t at = FI_ADDR_NOTAVAIL;
+    int n = fi_av_insert(self->av, address.buf, 1, &at, 0, NULL);
+    PyBuffer_Release(&address);
+    if (n != 1)
+        return fi_error(n < 0 ? n : -FI_EINVAL, "fi_av_insert");
+    return PyLong_FromUnsignedLongLong(at);
+}
+
+static PyObject *Endpoint_remove(Endpoint *self, PyObject *arg) {
+    fi_addr_t at = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !check_open(self))
+        return NULL;
+    int r = fi_av_remove(self->av, &at, 1, 0);
+    if (r)
+        return fi_error(r, "fi_av_remove");
+    Py_RETURN_NONE;
+}
+
+/* send(buffer, peer, tag, id) -> bool: False when the fabric answers
+   -FI_EAGAIN (retry after progress). */
+static PyObject *Endpoint_send(Endpoint *self, PyObject *args) {
+    PyObject *buffer;
+    unsigned long long peer, tag, id;
+    if (!PyArg_ParseTuple(args, "OKKK", &buffer, &peer, &tag, &id) || !check_open(self))
+        return NULL;
+    op *o = op_new(self, id);
+    if (!o)
+        return NULL;
+    if (PyObject_GetBuffer(buffer, &o->view, PyBUF_SIMPLE)) {
+        op_free(o);
+        return NULL;
+    }
+    o->has_view = 1;
+    ssize_t r = fi_tsend(self->ep, o->view.buf, (size_t)o->view.len, NULL, peer, tag, o);
+    if (r) {
+        op_free(o);
+        if (r == -FI_EAGAIN)
+            Py_RETURN_FALSE;
+        return fi_error((int)r, "fi_tsend");
+    }
+    Py_RETURN_TRUE;
+}
+
+static ssize_t post_claim(Endpoint *self, op *o, void *buf, size_t len, uint64_t flags) {
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct fi_msg_tagged msg = {.msg_iov = len ? &iov : NULL, .iov_count = len ? 1 : 0,
+                                .addr = FI_ADDR_UNSPEC, .tag = 0, .ignore = ~0ULL, .context = o};
+    return fi_trecvmsg(self->ep, &msg, flags);
+}
+
+/* peek(id) -> bool: look for an unexpected message and claim it. Its
+   completion (poll) carries the tag, the length and the claim for
+   receive(); an FI_ENOMSG error completion when there is none. False when
+   the fabric answers -FI_EAGAIN. */
+static PyObject *Endpoint_peek(Endpoint *self, PyObject *arg) {
+    uint64_t id = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !check_open(self))
+        return NULL;
+    if (self->claimed)
+        return PyErr_Format(PyExc_ValueError, "a claimed message waits for receive()");
+    op *o = op_new(self, id);
+    if (!o)
+        return NULL;
+    o->peek = 1;
+    ssize_t r = post_claim(self, o, NULL, 0, FI_PEEK | FI_CLAIM);
+    if (r) {
+        op_free(o);
+        if (r == -FI_EAGAIN)
+            Py_RETURN_FALSE;
+        return fi_error((int)r, "fi_trecvmsg (peek)");
+    }
+    Py_RETURN_TRUE;
+}
+
+/* receive(buffer, id, claim) -> bool: receive the message a peek claimed
+   into ``buffer`` (writable); FI_CLAIM names it by the peek's context. */
+static PyObject *Endpoint_receive(Endpoint *self, PyObject *args) {
+    PyObject *buffer;
+    unsigned long long id, claim;
+    if (!PyArg_ParseTuple(args, "OKK", &buffer, &id, &claim) || !check_open(self))
+        return NULL;
+    op *o = self->claimed;
+    if (!o || (uint64_t)(uintptr_t)o != claim)
+        return PyErr_Format(PyExc_ValueError, "no claimed message %llu", claim);
+    if (PyObject_GetBuffer(buffer, &o->view, PyBUF_WRITABLE))
+        return NULL;
+    o->has_view = 1;
+    o->id = id;
+    o->peek = 0;
+    self->claimed = NULL;
+    ssize_t r = post_claim(self, o, o->view.buf, (size_t)o->view.len, FI_CLAIM);
+    if (r) {
+        PyBuffer_Release(&o->view);
+        o->has_view = 0;
+        o->peek = 1;
+        self->claimed = o;
+        if (r == -FI_EAGAIN)
+            Py_RETURN_FALSE;
+        return fi_error((int)r, "fi_trecvmsg (claim)");
+    }
+    Py_RETURN_TRUE;
+}
+
+/* poll() -> [(id, length, tag, error, claim)]: the completions queued, at
+   most POLL_BATCH; ``error`` a positive FI_E* or 0, ``claim`` a successful
+   peek's claim or 0. */
+static PyObject *Endpoint_poll(Endpoint *self, PyObject *unused) {
+    if (!check_open(self))
+        return NULL;
+    struct fi_cq_tagged_entry entries[POLL_BATCH];
+    ssize_t got = fi_cq_read(self->cq, entries, POLL_BATCH);
+    if (got == -FI_EAGAIN)
+        return PyList_New(0);
+    if (got == -FI_EAVAIL) {
+        struct fi_cq_err_entry err = {0};
+        if (fi_cq_readerr(self->cq, &err, 0) != 1)
+            return PyList_New(0);
+        op *o = err.op_context;
+        unsigned long long id = o ? o->id : 0;
+        if (o)
+            op_free(o);
+        return Py_BuildValue("[(KnKii)]", id, (Py_ssize_t)err.len, (unsigned long long)err.tag,
+                             err.err ? err.err : FI_EOTHER, 0);
+    }
+    if (got < 0)
+        return fi_error((int)got, "fi_cq_read");
+    PyObject *list = PyList_New(got);
+    if (!list)
+        return NULL;
+    for (ssize_t i = 0; i < got; i++) {
+        op *o = entries[i].op_context;
+        unsigned long long id = o ? o->id : 0, claim = 0;
+        if (o && o->peek) {
+            self->claimed = o; /* receive() takes it */
+            claim = (uintptr_t)o;
+        } else if (o) {
+            op_free(o);
+        }
+        PyObject *item = Py_BuildValue("(KnKiK)", id, (Py_ssize_t)entries[i].len,
+                                       (unsigned long long)entries[i].tag, 0, claim);
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+/* trywait() -> bool: True when nothing is pending, so that the caller may
+   sleep on fileno() (libfabric's condition for waiting on the descriptor). */
+static PyObject *Endpoint_trywait(Endpoint *self, PyObject *unused) {
+    if (!check_open(self))
+        return NULL;
+    struct fid *fids[1] = {&self->cq->fid};
+    return PyBool_FromLong(fi_trywait(self->fabric, fids, 1) == FI_SUCCESS);
+}
+
+static PyObject *Endpoint_inflight(Endpoint *self, PyObject *unused) {
+    Py_ssize_t n = 0;
+    if (self->ops.next)
+        for (op *p = self->ops.next; p != &self->ops; p = p->next)
+            n++;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef Endpoint_methods[] = {
+    {"close", (PyCFunction)Endpoint_close, METH_NOARGS, "Close the endpoint; free what it had posted."},
+    {"fileno", (PyCFunction)Endpoint_fileno, METH_NOARGS, "The completion queue's wait descriptor."},
+    {"name", (PyCFunction)Endpoint_name, METH_NOARGS, "The endpoint's address, for peers' insert()."},
+    {"insert", (PyCFunction)Endpoint_insert, METH_O, "A peer's address into the address vector."},
+    {"remove", (PyCFunction)Endpoint_remove, METH_O, "A peer out of the address vector."},
+    {"send", (PyCFunction)Endpoint_send, METH_VARARGS, "send(buffer, peer, tag, id) -> posted"},
+    {"peek", (PyCFunction)Endpoint_peek, METH_O, "peek(id) -> posted"},
+    {"receive", (PyCFunction)Endpoint_receive, METH_VARARGS, "receive(buffer, id, claim) -> posted"},
+    {"poll", (PyCFunction)Endpoint_poll, METH_NOARGS, "The completions queued."},
+    {"trywait", (PyCFunction)Endpoint_trywait, METH_NOARGS, "Whether the caller may sleep now."},
+    {"inflight", (PyCFunction)Endpoint_inflight, METH_NOARGS, "Operations not yet completed."},
+    {NULL},
+};
+
+static PyGetSetDef Endpoint_getset[] = {
+    {"provider", (getter)Endpoint_provider, NULL, "The libfabric provider's name.", NULL},
+    {"max_message", (getter)Endpoint_max_message, NULL, "The longest message.", NULL},
+    {NULL},
+};
+
+static PyTypeObject EndpointType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dask_lcicomm.providers._ofi.Endpoint",
+    .tp_basicsize = sizeof(Endpoint),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An FI_EP_RDM endpoint with tagged messages and a completion queue.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Endpoint_init,
+    .tp_dealloc = (destructor)Endpoint_dealloc,
+    .tp_methods = Endpoint_methods,
+    .tp_getset = Endpoint_getset,
+};
+
+static PyObject *version(PyObject *module, PyObject *unused) {
+    uint32_t v = fi_version();
+    return Py_BuildValue("(ii)", FI_MAJOR(v), FI_MINOR(v));
+}
+
+static PyMethodDef module_methods[] = {
+    {"version", version, METH_NOARGS, "The version of the libfabric loaded."},
+    {NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_ofi", "libfabric's calls for the ofi provider.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__ofi(void) {
+    if (PyType_Ready(&EndpointType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&EndpointType);
+    if (PyModule_AddObject(m, "Endpoint", (PyObject *)&EndpointType) < 0
+        || PyModule_AddIntConstant(m, "ENOMSG", FI_ENOMSG) < 0
+        || PyModule_AddIntConstant(m, "ECANCELED", FI_ECANCELED) < 0) {
+        Py_DECREF(&EndpointType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
