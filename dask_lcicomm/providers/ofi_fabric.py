@@ -17,6 +17,7 @@ that peer lost.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import os
@@ -51,6 +52,9 @@ def open_endpoint(options: OfiOptions) -> _ofi.Endpoint:
 
 
 class _Request:
+    """A send or receive, completed by the completion its id names (or by an
+    error at once); ``on_error`` is told when it fails (a probe's)."""
+
     __slots__ = ("completed", "error", "on_error")
 
     def __init__(self, error: int = 0, on_error: Callable[[], None] | None = None) -> None:
@@ -137,7 +141,9 @@ class OfiFabric(MessageFabric):
             if not self._endpoint.send(message, at, tag, number):
                 return None
         except OSError as e:
-            return _Request(e.errno or 5, on_error)
+            if on_error is not None:
+                on_error()
+            return _Request(e.errno or errno.EIO)
         request = self._requests[number] = _Request(on_error=on_error)
         return request
 
