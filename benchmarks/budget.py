@@ -3,7 +3,7 @@
 
 The comm benchmark says how long a round trip takes; this says what it is made
 of.  For each payload (8 B, 1 KiB, 16 KiB, in the ping-pong's message shape)
-and each configuration (lci over shared memory, lci over its tcp provider,
+and each configuration (lci over shared memory, lci over its tcp, ucx and ofi providers,
 Dask's tcp, ucxx when installed, and ``floor://``: Dask's serialization over
 bare asyncio streams, the least a Dask comm does, see
 :mod:`benchmarks._floor_comm`), the ping-pong's client and server run in
@@ -54,7 +54,7 @@ from benchmarks._floor_comm import SCHEME as FLOOR
 from benchmarks._format import align, format_number
 from benchmarks._harness import rotated
 from benchmarks._progress import SILENT, Progress
-from benchmarks.comm import LCI_TCP
+from benchmarks.comm import LCI_OFI, LCI_TCP, LCI_UCX
 from benchmarks.variants import VARIANTS_BY_NAME
 
 __all__ = ["CONFIGURATIONS", "SIZES", "make_config", "run", "format_table", "to_json"]
@@ -68,6 +68,8 @@ CONFIGURATIONS = (
     VARIANTS_BY_NAME["poll-500us"].configuration("lci-shm-poll"),
     VARIANTS_BY_NAME["thread"].configuration("lci-shm-thread"),
     LCI_TCP,
+    LCI_UCX,
+    LCI_OFI,
     Configuration.of_scheme("tcp"),
     Configuration.of_scheme("ucxx"),
     # The least a Dask comm does here: Dask's serialization over asyncio streams.

@@ -1,7 +1,8 @@
 """Smoke test for ``python -m benchmarks budget --quick``.
 
 Runs the real CLI once (see :mod:`_cli`) and checks what the budget promises:
-every configuration present (ucxx measured or marked not installed), every
+every configuration present (ucxx, lci-ucx and lci-ofi measured or marked not
+installed), every
 payload budgeted, each process's categories adding up to the measured round
 trip, the pair's categories plus the wait too, serialization positive both as
 sampled and as timed in-process, the table and the figures.  Behaviour, not
@@ -16,6 +17,8 @@ import pytest
 from _cli import assert_figures, run_cli
 
 MEASURED = ("lci-shm", "lci-shm-poll", "lci-shm-thread", "lci-tcp", "tcp", "floor")
+#: Measured where their extra or library is installed, else marked "not installed".
+OPTIONAL = ("ucxx", "lci-ucx", "lci-ofi")
 SIZES = ("8B", "1KiB", "16KiB")
 
 #: How far a sum of categories may be from the round trip (float rounding only:
@@ -36,21 +39,28 @@ def test_exit_status(quick_run: dict[str, Any]) -> None:
 
 def test_every_configuration_present(quick_run: dict[str, Any]) -> None:
     data = quick_run["data"]
-    assert set(data["status"]) == {*MEASURED, "ucxx"}
+    assert set(data["status"]) == {*MEASURED, *OPTIONAL}
     for label in MEASURED:
         assert data["status"][label]["available"], data["status"][label]
-    ucxx = data["status"]["ucxx"]
-    assert ucxx["available"] or ucxx["label"] == "not installed", ucxx
+    for label in OPTIONAL:
+        status = data["status"][label]
+        assert status["available"] or status["label"] == "not installed", status
     for size in SIZES:
         assert {*MEASURED} <= set(data["budget"][size]), size
 
 
-@pytest.mark.parametrize("label", MEASURED)
+def _skip_unless_measured(data: dict[str, Any], label: str) -> None:
+    if not data["status"][label]["available"]:
+        pytest.skip(f"{label} not installed (checked by test_every_configuration_present)")
+
+
+@pytest.mark.parametrize("label", [*MEASURED, *OPTIONAL])
 @pytest.mark.parametrize("size", SIZES)
 def test_budget_adds_up(quick_run: dict[str, Any], size: str, label: str) -> None:
     """Per process the categories (wait included) make the round trip; so do
     the pair's on-CPU categories plus the wait of neither."""
     data = quick_run["data"]
+    _skip_unless_measured(data, label)
     budget = data["budget"][size][label]
     assert budget is not None, f"{label} {size} has no measured round"
     rt = budget["rt_us"]
@@ -84,13 +94,14 @@ def test_floor_spends_nothing_in_lci(quick_run: dict[str, Any]) -> None:
         assert pair["codec"] == 0 and pair["lci"] == 0
 
 
-def test_lci_used_its_providers(quick_run: dict[str, Any]) -> None:
-    budget = quick_run["data"]["budget"]
+@pytest.mark.parametrize("label, provider", [
+    ("lci-shm", "shm"), ("lci-shm-poll", "shm"), ("lci-shm-thread", "shm"), ("lci-tcp", "tcp"),
+    ("lci-ucx", "ucx"), ("lci-ofi", "ofi"),
+])
+def test_lci_used_its_providers(quick_run: dict[str, Any], label: str, provider: str) -> None:
+    _skip_unless_measured(quick_run["data"], label)
     for size in SIZES:
-        assert budget[size]["lci-shm"]["provider"] == "shm"
-        assert budget[size]["lci-shm-poll"]["provider"] == "shm"
-        assert budget[size]["lci-shm-thread"]["provider"] == "shm"
-        assert budget[size]["lci-tcp"]["provider"] == "tcp"
+        assert quick_run["data"]["budget"][size][label]["provider"] == provider
 
 
 def test_serialization_timed_in_process(quick_run: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@ worker on host B, in network namespaces on a private bridge, each host with a
 /dev/shm of its own, and a client in the root namespace. Data moves both ways
 across the (virtual) network; processes on one host talk over shared memory,
 processes on different hosts over the next provider configured: tcp, or ucx
-where it is listed (and installed).
+or ofi where it is listed (and installed).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from distributed import Client
 from distributed.comm import connect
 from distributed.comm.core import FatalCommClosedError
 from eventually import eventually
+from ofi_support import needs_ofi
 from ucx_support import UCX_MISSING, needs_ucx
 
 from dask_lcicomm import connections
@@ -33,11 +34,18 @@ NBYTES = 6 << 20
 
 @pytest.mark.parametrize(
     "providers",
-    [pytest.param(["shm", "tcp"], id="shm-tcp"), needs_ucx(["shm", "ucx", "tcp"], id="shm-ucx-tcp")],
+    [
+        pytest.param(["shm", "tcp"], id="shm-tcp"),
+        needs_ucx(["shm", "ucx", "tcp"], id="shm-ucx-tcp"),
+        needs_ofi(["shm", "ofi", "tcp"], id="shm-ofi-tcp"),
+    ],
 )
 def test_graph_moves_data_both_ways_between_hosts(tmp_path, monkeypatch, providers):
     # The cluster's processes; the client keeps the default providers.
     monkeypatch.setenv("DASK_DISTRIBUTED__COMM__LCI__PROVIDERS", json.dumps(providers))
+    # libfabric's tcp provider on each host's own interface, not the loopback
+    # the other tests pin it to.
+    monkeypatch.delenv("FI_TCP_IFACE", raising=False)
     with virtual_hosts(2, private_shm=True) as (a, b):
         with Procs(tmp_path) as procs:
             address = start_cluster(

@@ -154,6 +154,16 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
             assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
 
 
+def _resident_report(baseline: int, device) -> str:
+    """What a failed look at the segments saw, for the failure's message."""
+    shared, releaser = device._shared, device._releaser
+    return (
+        f"resident {_segments_resident() - baseline:+} B over the baseline; sent={device.sent}, "
+        f"pool settled={shared is not None and shared.pool.settled}, "
+        f"timer={releaser._timer is not None}, watched={len(releaser._watched)}"
+    )
+
+
 def _segments_resident() -> int:
     """Bytes of this process's shared segments mapped in its page tables
     (a page given back leaves every mapping at once)."""
@@ -187,15 +197,21 @@ async def test_idle_memory_goes_back_to_the_os(endpoint_pair, mode):
         b.events.clear()
         assert _segments_resident() >= baseline + 16 * MiB + MiB
         # idle: the ring's pages go, the block still in use stays
-        assert await _eventually(lambda: _segments_resident() < baseline + 16 * MiB + 64 * 1024)
+        assert await _eventually(lambda: _segments_resident() < baseline + 16 * MiB + 64 * 1024), (
+            _resident_report(baseline, a.device)
+        )
         assert _segments_resident() >= 16 * MiB
         assert np.array_equal(kept, big)
         releaser = a.device._releaser
         assert releaser._watched == {a.device}  # until the block comes back
         del kept
         gc.collect()
-        assert await _eventually(lambda: _segments_resident() <= baseline + 64 * 1024)
-        assert await _eventually(lambda: releaser._timer is None and not releaser._watched)
+        assert await _eventually(lambda: _segments_resident() <= baseline + 64 * 1024), (
+            _resident_report(baseline, a.device)
+        )
+        assert await _eventually(lambda: releaser._timer is None and not releaser._watched), (
+            _resident_report(baseline, a.device)
+        )
         # the pages given back read as zeros until written: the next parcels
         # must not see them
         for seq in range(1500, 1520):
