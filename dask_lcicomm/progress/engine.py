@@ -130,6 +130,8 @@ class _LoopDriver(Driver):
         self._devices: set[Device] = set()
         self._sources: set[SharedSource] = set()
         self._backlog: set[Device | SharedSource] = set()
+        #: The delayed returns to sources that asked for a retry.
+        self._timers: dict[Device | SharedSource, asyncio.TimerHandle] = {}
 
     def add(self, device: Device) -> None:
         self._devices.add(device)
@@ -167,16 +169,20 @@ class _LoopDriver(Driver):
             if device in self._devices:
                 self._read(device)
         if source.input_pending:
-            self._later(source)
+            self._later(source, source.retry_delay)
         self._completion.flush()
 
-    def _later(self, item: Device | SharedSource) -> None:
+    def _later(self, item: Device | SharedSource, delay: float = 0.0) -> None:
         if item not in self._backlog:
             self._backlog.add(item)
-            self._loop.call_soon(self._resume, item)
+            if delay:
+                self._timers[item] = self._loop.call_later(delay, self._resume, item)
+            else:
+                self._loop.call_soon(self._resume, item)
 
     def _resume(self, item: Device | SharedSource) -> None:
         self._backlog.discard(item)
+        self._timers.pop(item, None)
         if isinstance(item, SharedSource):
             if item in self._sources:
                 self._progress(item)
@@ -207,6 +213,9 @@ class _LoopDriver(Driver):
         for source in sources:
             self._loop.remove_reader(source.fileno())
             source.release()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
 
 class _PollDriver(Driver):

@@ -9,6 +9,7 @@ import logging
 import os
 import selectors
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from itertools import count
@@ -141,6 +142,8 @@ class _Run:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
         self._backlog: set[Device | SharedSource] = set()
+        #: Sources that asked for a retry, and when to come back to them.
+        self._delayed: dict[SharedSource, float] = {}
         #: Devices progressed through a shared source, not a descriptor.
         self._attached: set[Device] = set()
         self.thread = threading.Thread(
@@ -177,6 +180,7 @@ class _Run:
         if key is not None and key.data is source:
             self._selector.unregister(key.fd)
         self._backlog.discard(source)
+        self._delayed.pop(source, None)
         source.release()
 
     def watch_writes(self, device: Device) -> None:
@@ -205,7 +209,7 @@ class _Run:
         try:
             while not self._stopping:
                 backlog, self._backlog = self._backlog, set()
-                for key, mask in selector.select(0 if backlog else None):
+                for key, mask in selector.select(0 if backlog else self._next_retry()):
                     item = key.data
                     if item is None:
                         self._run_commands()
@@ -218,6 +222,7 @@ class _Run:
                             self._read(item)
                         if mask & selectors.EVENT_WRITE and not item.released and item.on_writable():
                             self._watch(item, selectors.EVENT_READ)
+                backlog.update(self._due())
                 for item in backlog:
                     if isinstance(item, SharedSource):
                         self._progress(item)
@@ -241,11 +246,30 @@ class _Run:
             self._slot.retire(self)
             self._completion.flush()
 
+    def _next_retry(self) -> float | None:
+        """How long the selector may sleep before a delayed source is due."""
+        if not self._delayed:
+            return None
+        return max(0.0, min(self._delayed.values()) - time.monotonic())
+
+    def _due(self) -> list[SharedSource]:
+        now = time.monotonic()
+        due = [source for source, at in self._delayed.items() if at <= now]
+        for source in due:
+            del self._delayed[source]
+        return due
+
     def _progress(self, source: SharedSource) -> None:
+        self._delayed.pop(source, None)
         for device in source.progress():
             if device in self._attached:
                 self._read(device)
-        if source.input_pending:
+        if not source.input_pending:
+            return
+        delay = source.retry_delay
+        if delay:
+            self._delayed.setdefault(source, time.monotonic() + delay)
+        else:
             self._backlog.add(source)
 
     def _read(self, device: Device) -> None:

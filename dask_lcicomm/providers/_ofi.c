@@ -18,10 +18,23 @@
  *            frees the operations left.
  *
  * Calls are serialised by the caller (FI_THREAD_DOMAIN); none blocks.
+ *
+ * The process's signal handlers are the application's, but some libraries
+ * that libfabric links take them as they load or initialise: Debian's
+ * libfabric links libinfinipath (for its psm provider), whose constructor
+ * installs handlers for SIGTERM, SIGINT, SIGSEGV, SIGBUS, SIGILL and
+ * SIGABRT, whatever provider is asked for; Dask's graceful close on
+ * SIGTERM, Python's KeyboardInterrupt and faulthandler would be gone. So
+ * libfabric is not linked but loaded by this module's init (dlopen), and
+ * loading it, opening and closing an endpoint put back every handler that
+ * changed; restored_signals() says which. The few functions libfabric
+ * exports (the rest are inline over ops tables) are looked up then.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,6 +47,21 @@
 #include <rdma/fi_tagged.h>
 
 #define POLL_BATCH 64
+#define LIBFABRIC "libfabric.so.1"
+
+/* libfabric's exported functions, looked up when the module loads. */
+static struct {
+    int (*getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
+                   struct fi_info **);
+    void (*freeinfo)(struct fi_info *);
+    struct fi_info *(*dupinfo)(const struct fi_info *);
+    int (*fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+    const char *(*strerror)(int);
+    uint32_t (*version)(void);
+} lib;
+
+/* Bit s: signal s's handler was changed by libfabric and put back. */
+static uint64_t restored;
 
 typedef struct op {
     struct fi_context2 context; /* first: libfabric hands it back */
@@ -58,11 +86,35 @@ typedef struct {
     op *claimed;  /* the message a peek claimed, until receive() takes it */
 } Endpoint;
 
+typedef struct {
+    struct sigaction action[NSIG];
+    int known[NSIG];
+} dispositions;
+
+static void dispositions_save(dispositions *d) {
+    for (int s = 1; s < NSIG; s++)
+        d->known[s] = sigaction(s, NULL, &d->action[s]) == 0;
+}
+
+/* Put back each handler that differs from `d`. */
+static void dispositions_restore(const dispositions *d) {
+    for (int s = 1; s < NSIG && s < 64; s++) {
+        struct sigaction now;
+        if (!d->known[s] || sigaction(s, NULL, &now) != 0)
+            continue;
+        if ((void *)now.sa_handler == (void *)d->action[s].sa_handler &&
+            now.sa_flags == d->action[s].sa_flags)
+            continue;
+        if (sigaction(s, &d->action[s], NULL) == 0)
+            restored |= (uint64_t)1 << s;
+    }
+}
+
 static PyObject *fi_error(int code, const char *what) {
     /* code: a negative FI_E* (libfabric's errno values are errno's) */
-    PyObject *e = PyObject_CallFunction(PyExc_OSError, "is", -code, fi_strerror(-code));
+    PyObject *e = PyObject_CallFunction(PyExc_OSError, "is", -code, lib.strerror(-code));
     if (e) {
-        PyObject *message = PyUnicode_FromFormat("%s: %s", what, fi_strerror(-code));
+        PyObject *message = PyUnicode_FromFormat("%s: %s", what, lib.strerror(-code));
         if (message) {
             PyObject_SetAttrString(e, "strerror", message);
             Py_DECREF(message);
@@ -98,18 +150,21 @@ static void op_free(op *o) {
 static void endpoint_close_all(Endpoint *self) {
     /* Closing the endpoint cancels what it had posted; then no completion
        can name an operation any more, and they are freed. */
+    dispositions saved;
+    dispositions_save(&saved);
     if (self->ep) fi_close(&self->ep->fid);
     if (self->av) fi_close(&self->av->fid);
     if (self->cq) fi_close(&self->cq->fid);
     if (self->domain) fi_close(&self->domain->fid);
     if (self->fabric) fi_close(&self->fabric->fid);
-    if (self->info) fi_freeinfo(self->info);
+    if (self->info) lib.freeinfo(self->info);
     self->ep = NULL;
     self->av = NULL;
     self->cq = NULL;
     self->domain = NULL;
     self->fabric = NULL;
     self->info = NULL;
+    dispositions_restore(&saved);
     while (self->ops.next != &self->ops)
         op_free(self->ops.next);
     self->claimed = NULL;
@@ -122,6 +177,8 @@ static int check_open(Endpoint *self) {
     return 0;
 }
 
+static int endpoint_open(Endpoint *self, const char *provider, const char *node);
+
 static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"provider", "node", NULL};
     const char *provider = NULL, *node = NULL;
@@ -131,8 +188,16 @@ static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "the endpoint is open already");
         return -1;
     }
+    dispositions saved;
+    dispositions_save(&saved);
+    int r = endpoint_open(self, provider, node);
+    dispositions_restore(&saved);
+    return r;
+}
+
+static int endpoint_open(Endpoint *self, const char *provider, const char *node) {
     self->ops.next = self->ops.prev = &self->ops;
-    struct fi_info *hints = fi_allocinfo();
+    struct fi_info *hints = lib.dupinfo(NULL);
     if (!hints) {
         PyErr_NoMemory();
         return -1;
@@ -145,9 +210,9 @@ static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     if (provider && *provider)
         hints->fabric_attr->prov_name = strdup(provider);
-    int r = fi_getinfo(FI_VERSION(1, 9), node, node ? "0" : NULL, node ? FI_SOURCE : 0, hints,
+    int r = lib.getinfo(FI_VERSION(1, 9), node, node ? "0" : NULL, node ? FI_SOURCE : 0, hints,
                        &self->info);
-    fi_freeinfo(hints);
+    lib.freeinfo(hints);
     if (r) {
         self->info = NULL;
         fi_error(r, "fi_getinfo: no libfabric provider for tagged messages on a reliable endpoint");
@@ -156,7 +221,7 @@ static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_FD};
     struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
     const char *what = "fi_fabric";
-    if ((r = fi_fabric(self->info->fabric_attr, &self->fabric, NULL)))
+    if ((r = lib.fabric(self->info->fabric_attr, &self->fabric, NULL)))
         goto fail;
     what = "fi_domain";
     if ((r = fi_domain(self->fabric, self->info, &self->domain, NULL)))
@@ -446,12 +511,31 @@ static PyTypeObject EndpointType = {
 };
 
 static PyObject *version(PyObject *module, PyObject *unused) {
-    uint32_t v = fi_version();
+    uint32_t v = lib.version();
     return Py_BuildValue("(ii)", FI_MAJOR(v), FI_MINOR(v));
+}
+
+static PyObject *restored_signals(PyObject *module, PyObject *unused) {
+    PyObject *signals = PyList_New(0);
+    for (int s = 1; signals && s < 64; s++) {
+        if (!(restored & ((uint64_t)1 << s)))
+            continue;
+        PyObject *number = PyLong_FromLong(s);
+        if (!number || PyList_Append(signals, number) < 0)
+            Py_CLEAR(signals);
+        Py_XDECREF(number);
+    }
+    if (!signals)
+        return NULL;
+    PyObject *result = PyList_AsTuple(signals);
+    Py_DECREF(signals);
+    return result;
 }
 
 static PyMethodDef module_methods[] = {
     {"version", version, METH_NOARGS, "The version of the libfabric loaded."},
+    {"restored_signals", restored_signals, METH_NOARGS,
+     "The signals whose handlers libfabric changed and that were put back."},
     {NULL},
 };
 
@@ -459,7 +543,34 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_ofi", "libfabric's calls for the ofi provider.", -1, module_methods,
 };
 
+/* Load libfabric and look up its functions (ImportError naming the cause). */
+static int load_libfabric(void) {
+    dispositions saved;
+    dispositions_save(&saved);
+    void *handle = dlopen(LIBFABRIC, RTLD_NOW | RTLD_GLOBAL);
+    dispositions_restore(&saved);
+    if (!handle) {
+        PyErr_Format(PyExc_ImportError, "cannot load %s: %s", LIBFABRIC, dlerror());
+        return -1;
+    }
+    struct { void **slot; const char *name; } symbols[] = {
+        {(void **)&lib.getinfo, "fi_getinfo"}, {(void **)&lib.freeinfo, "fi_freeinfo"},
+        {(void **)&lib.dupinfo, "fi_dupinfo"}, {(void **)&lib.fabric, "fi_fabric"},
+        {(void **)&lib.strerror, "fi_strerror"}, {(void **)&lib.version, "fi_version"},
+    };
+    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
+        if (!(*symbols[i].slot = dlsym(handle, symbols[i].name))) {
+            PyErr_Format(PyExc_ImportError, "%s has no %s", LIBFABRIC, symbols[i].name);
+            dlclose(handle);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__ofi(void) {
+    if (!lib.getinfo && load_libfabric() < 0)
+        return NULL;
     if (PyType_Ready(&EndpointType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -6,6 +6,7 @@ ENOMSG: int
 ECANCELED: int
 
 def version() -> tuple[int, int]: ...
+def restored_signals() -> tuple[int, ...]: ...
 
 class Endpoint:
     provider: str

@@ -88,6 +88,14 @@ class SharedSource(ABC):
         """Whether progress must come back without waiting on the descriptor."""
         return False
 
+    @property
+    def retry_delay(self) -> float:
+        """How long progress waits (on the descriptor too) before it comes
+        back to pending input: 0 for at once; more while the fabric only
+        asks for sends to be retried, for a fabric whose own threads need
+        the endpoint meanwhile (spinning would keep them out)."""
+        return 0.0
+
     @abstractmethod
     def release(self) -> None:
         """Called by the engine once it stopped waiting on the source."""

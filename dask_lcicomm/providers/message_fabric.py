@@ -48,6 +48,12 @@ _PROBES = 64
 _PROGRESS_ROUNDS = 16
 #: How long a closed device's peer handle may take to finish its sends.
 _RETIRE_S = 10.0
+#: How long progress waits before it retries sends the fabric could not
+#: take, when no event comes first. Retrying at once starves the fabric's
+#: own threads of its endpoint's lock: libfabric's rxm answers "retry" while
+#: its connection-manager thread connects, and a loop retrying without pause
+#: kept that thread from the lock for the whole connect timeout.
+_RETRY_S = 0.001
 
 
 class Request(Protocol):
@@ -203,7 +209,11 @@ class MessageFabric(SharedSource):
 
     @property
     def input_pending(self) -> bool:
-        return not self._armed and not self._released
+        return (not self._armed or bool(self._retrying)) and not self._released
+
+    @property
+    def retry_delay(self) -> float:
+        return _RETRY_S if self._armed else 0.0
 
     def add(self, device: RoutedDevice) -> int:
         """A fresh route for ``device``."""
@@ -264,7 +274,8 @@ class MessageFabric(SharedSource):
 
     def retry_later(self, device: RoutedDevice) -> None:
         """The fabric answered "retry" to ``device``: progress comes back
-        without sleeping until it took the message (no event will say when)."""
+        after :data:`_RETRY_S` until it took the message (no event may say
+        when)."""
         self._busy.add(device)
         if device not in self._retrying:
             self._retrying.add(device)
@@ -312,7 +323,7 @@ class MessageFabric(SharedSource):
                 self.poke()
                 drained = self._take_arrivals(news)
                 self._reap(news)
-                if drained and not self._retrying and self.arm():
+                if drained and self.arm():
                     self._armed = True
                     break
             news.update(self._broken)

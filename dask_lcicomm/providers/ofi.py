@@ -26,9 +26,11 @@ def _unavailable(options: OfiOptions) -> str | None:
     """Why no endpoint opens with ``options`` in this process, or None."""
     try:
         from dask_lcicomm.providers.ofi_fabric import open_endpoint
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         return (f"the libfabric extension was not built ({e}); install libfabric's headers "
                 "(Debian: libfabric-dev) and reinstall dask-lcicomm")
+    except ImportError as e:
+        return f"{e}; put the directory of libfabric.so.1 on LD_LIBRARY_PATH"
     try:
         open_endpoint(options).close()
     except OSError as e:

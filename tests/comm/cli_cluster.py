@@ -51,6 +51,8 @@ class Procs:
     def __init__(self, logdir):
         self.logdir = logdir
         self.procs: list[tuple[str, subprocess.Popen, object]] = []
+        #: How each process ended on SIGTERM: its exit code, or None if it had to be killed.
+        self.exits: dict[str, int | None] = {}
 
     def start(self, name: str, args: list[str], host: Host | None = None) -> subprocess.Popen:
         """Start ``args`` (inside ``host``'s network namespace if given)."""
@@ -109,6 +111,7 @@ class Procs:
                     proc.wait(timeout=STOP_TIMEOUT)
                 except subprocess.TimeoutExpired:
                     pass
+        self.exits = {name: proc.poll() for name, proc, _ in self.procs}
         for _, proc, log in self.procs:
             # the whole group: CLI process, nanny's worker process, ...
             try:

@@ -59,6 +59,9 @@ def test_graph_moves_data_both_ways_between_hosts(tmp_path, monkeypatch, provide
                     move(client, src, dst, NBYTES)
                 eventually(lambda: _check_providers(client, on_a[0], on_b[0], between_hosts=providers[1]))
             procs.check_alive()
+        # A process killed before it closed leaves its files (Python's
+        # semaphores among them) in its host's /dev/shm.
+        assert set(procs.exits.values()) == {0}, f"not closed by SIGTERM: {procs.exits}"
         assert os.listdir(a.shm) == os.listdir(b.shm) == [], "a host's /dev/shm kept files"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
 import sys
 import time
 
@@ -86,9 +87,10 @@ def test_without_the_extension_the_reason_says_how_to_build_it(monkeypatch):
 
 @gen_test(timeout=30)
 async def test_a_peer_ofi_cannot_reach_is_an_error_within_the_bound(monkeypatch):
-    """The listener's offer names an endpoint that is gone: libfabric answers
-    "retry" to the hello for ever, and the connect fails once
-    ``unreachable-after`` has passed, naming why."""
+    """The listener's offer names an endpoint that is gone: libfabric fails
+    the hello once its connection is refused (or, where nothing refuses it,
+    answers "retry" until ``unreachable-after`` has passed), and the connect
+    fails naming why."""
     from dask_lcicomm.providers import _ofi
     from dask_lcicomm.providers.ofi_fabric import OfiFabric
 
@@ -99,7 +101,8 @@ async def test_a_peer_ofi_cannot_reach_is_an_error_within_the_bound(monkeypatch)
     monkeypatch.setattr(OfiFabric, "open_peer", lambda self, _: open_peer(self, address))
     with dask.config.set({"distributed.comm.lci.providers": ["ofi"],
                           "distributed.comm.lci.ofi.unreachable-after": "1s"}):
-        await _connect_fails(5, "ofi: the ofi fabric took no send to the peer .* cannot reach it")
+        await _connect_fails(
+            5, "ofi: the ofi fabric (lost the peer|took no send to the peer .* cannot reach it)")
 
 
 def test_an_address_of_another_length_is_refused_before_libfabric_reads_it():
@@ -118,3 +121,30 @@ def test_an_address_of_another_length_is_refused_before_libfabric_reads_it():
         endpoint.close()
     with pytest.raises(ValueError, match="closed"):
         endpoint.fileno()
+
+
+_SIGNALS_KEPT = """
+import os, signal, sys
+handled = []
+signal.signal(signal.SIGTERM, lambda *_: handled.append("SIGTERM"))
+from dask_lcicomm.providers import ofi_fabric, ofi_options
+from dask_lcicomm.config import Settings
+ofi_fabric.open_endpoint(ofi_options.OfiOptions.of(Settings.from_config())).close()
+os.kill(os.getpid(), signal.SIGTERM)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    signal.sigtimedwait([], 0.1)
+except KeyboardInterrupt:
+    handled.append("SIGINT")
+print(*handled)
+"""
+
+
+def test_libfabric_leaves_the_signal_handlers_of_the_process_as_they_were():
+    """Debian's libfabric links a library (libinfinipath) that installs its
+    own SIGTERM and SIGINT handlers as it loads: Dask's graceful close on
+    SIGTERM and Python's KeyboardInterrupt must still work after an endpoint
+    opened and closed (a fresh process: this one has loaded libfabric)."""
+    done = subprocess.run([sys.executable, "-c", _SIGNALS_KEPT], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout.split()) == (0, ["SIGTERM", "SIGINT"]), done.stderr

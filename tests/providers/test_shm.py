@@ -157,10 +157,12 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
 def _resident_report(baseline: int, device) -> str:
     """What a failed look at the segments saw, for the failure's message."""
     shared, releaser = device._shared, device._releaser
+    watching = "no releaser" if releaser is None else (
+        f"timer={releaser._timer is not None}, watched={len(releaser._watched)}"
+    )
     return (
         f"resident {_segments_resident() - baseline:+} B over the baseline; sent={device.sent}, "
-        f"pool settled={shared is not None and shared.pool.settled}, "
-        f"timer={releaser._timer is not None}, watched={len(releaser._watched)}"
+        f"pool settled={shared is not None and shared.pool.settled}, {watching}"
     )
 
 
