@@ -48,11 +48,9 @@ _PROBES = 64
 _PROGRESS_ROUNDS = 16
 #: How long a closed device's peer handle may take to finish its sends.
 _RETIRE_S = 10.0
-#: How long progress waits before it retries sends the fabric could not
-#: take, when no event comes first. Retrying at once starves the fabric's
-#: own threads of its endpoint's lock: libfabric's rxm answers "retry" while
-#: its connection-manager thread connects, and a loop retrying without pause
-#: kept that thread from the lock for the whole connect timeout.
+#: How long progress waits to retry sends, if no event comes first: rxm
+#: answers "retry" while its connection thread, which needs the endpoint's
+#: lock, connects, and retrying at once kept that thread out until timeout.
 _RETRY_S = 0.001
 
 
