@@ -173,6 +173,12 @@ class _LoopDriver(Driver):
         self._completion.flush()
 
     def _later(self, item: Device | SharedSource, delay: float = 0.0) -> None:
+        timer = self._timers.get(item) if not delay else None
+        if timer is not None:
+            # Wanted at once (a kick): not behind a retry's delay, as in thread mode.
+            timer.cancel()
+            del self._timers[item]
+            self._backlog.discard(item)
         if item not in self._backlog:
             self._backlog.add(item)
             if delay:
