@@ -87,11 +87,14 @@ def test_serialization_sampled(quick_run: dict[str, Any], label: str) -> None:
 
 def test_floor_spends_nothing_in_lci(quick_run: dict[str, Any]) -> None:
     """floor:// is Dask's serialization over asyncio streams: its comm code
-    counts as a comm layer, and no sample of it lands in lci's rows."""
-    for size in SIZES:
-        pair = quick_run["data"]["budget"][size]["floor"]["pair"]
-        assert pair["dask comm"] > 0
-        assert pair["codec"] == 0 and pair["lci"] == 0
+    counts as a comm layer (found at some payload: like serialization, one
+    payload's window can miss it on a loaded machine), and no sample of it
+    lands in lci's rows at any payload."""
+    budgets = {size: quick_run["data"]["budget"][size]["floor"] for size in SIZES}
+    seen = {size: (b["pair"]["dask comm"], b["samples"], b["dropped"]) for size, b in budgets.items()}
+    assert sum(b["pair"]["dask comm"] for b in budgets.values()) > 0, seen
+    for b in budgets.values():
+        assert b["pair"]["codec"] == 0 and b["pair"]["lci"] == 0, b["pair"]
 
 
 @pytest.mark.parametrize("label, provider", [
