@@ -154,16 +154,23 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
             assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
 
 
-def _resident_report(baseline: int, device) -> str:
+#: Resident bytes a look may leave over what the test expects: the pages
+#: of both directions' rings around their cursors, which stay in use (CI saw
+#: 72 KiB left over in thread mode, with the 1 MiB ring given back).
+_SLACK = 128 * 1024
+
+
+def _resident_report(baseline: int, *devices) -> str:
     """What a failed look at the segments saw, for the failure's message."""
-    shared, releaser = device._shared, device._releaser
-    watching = "no releaser" if releaser is None else (
-        f"timer={releaser._timer is not None}, watched={len(releaser._watched)}"
-    )
-    return (
-        f"resident {_segments_resident() - baseline:+} B over the baseline; sent={device.sent}, "
-        f"pool settled={shared is not None and shared.pool.settled}, {watching}"
-    )
+    seen = []
+    for device in devices:
+        shared, releaser = device._shared, device._releaser
+        watching = "no releaser" if releaser is None else (
+            f"timer={releaser._timer is not None}, watched={len(releaser._watched)}"
+        )
+        seen.append(f"sent={device.sent}, pool settled={shared is not None and shared.pool.settled}, "
+                    f"{watching}")
+    return f"resident {_segments_resident() - baseline:+} B over the baseline; " + "; ".join(seen)
 
 
 def _segments_resident() -> int:
@@ -199,8 +206,8 @@ async def test_idle_memory_goes_back_to_the_os(endpoint_pair, mode):
         b.events.clear()
         assert _segments_resident() >= baseline + 16 * MiB + MiB
         # idle: the ring's pages go, the block still in use stays
-        assert await _eventually(lambda: _segments_resident() < baseline + 16 * MiB + 64 * 1024), (
-            _resident_report(baseline, a.device)
+        assert await _eventually(lambda: _segments_resident() < baseline + 16 * MiB + _SLACK), (
+            _resident_report(baseline, a.device, b.device)
         )
         assert _segments_resident() >= 16 * MiB
         assert np.array_equal(kept, big)
@@ -208,11 +215,11 @@ async def test_idle_memory_goes_back_to_the_os(endpoint_pair, mode):
         assert releaser._watched == {a.device}  # until the block comes back
         del kept
         gc.collect()
-        assert await _eventually(lambda: _segments_resident() <= baseline + 64 * 1024), (
-            _resident_report(baseline, a.device)
+        assert await _eventually(lambda: _segments_resident() <= baseline + _SLACK), (
+            _resident_report(baseline, a.device, b.device)
         )
         assert await _eventually(lambda: releaser._timer is None and not releaser._watched), (
-            _resident_report(baseline, a.device)
+            _resident_report(baseline, a.device, b.device)
         )
         # the pages given back read as zeros until written: the next parcels
         # must not see them
@@ -278,11 +285,11 @@ async def test_a_trickle_of_small_messages_does_not_keep_memory(endpoint_pair):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5
         seq = 1
-        while _segments_resident() > baseline + 64 * 1024 and loop.time() < deadline:
+        while _segments_resident() > baseline + _SLACK and loop.time() < deadline:
             a.send(1, _parcel(seq, [b"heartbeat"]))
             seq += 1
             await asyncio.sleep(0.01)
-        assert _segments_resident() <= baseline + 64 * 1024
+        assert _segments_resident() <= baseline + _SLACK
         await b.wait_for(lambda ev: len(_messages(ev)) == seq - 1)
 
 
