@@ -33,7 +33,10 @@ class Aggregator:
 
     def put(self, device: Device, vc: int, unit: Unit, token: Any = None) -> None:
         """Queue ``unit`` on ``device``; raises :class:`DeviceClosed`."""
-        if device.put(vc, unit, token) or not self._enabled:
+        if not self._enabled:
+            device.post(vc, unit, token)
+            self._completion.flush()
+        elif device.put(vc, unit, token):
             self._flush_device(device)
         elif self._handle is None:
             self._handle = self._loop.call_soon(self._flush)

@@ -169,6 +169,11 @@ class OutgoingParcel:
         self._offset = 0
 
     @property
+    def has_bulk(self) -> bool:
+        """Whether any frame group goes bulk (the parcel is more than its head)."""
+        return bool(self._bulk)
+
+    @property
     def bulk_groups(self) -> list[list[memoryview]]:
         """The frames of each bulk group, in order: what :meth:`place` expects
         to find written back to back."""

@@ -223,10 +223,34 @@ class Device(ABC):
         back in a :class:`SendDone` completion once ``unit`` has been sent,
         or in :class:`DeviceLost` if it never will be.
         """
+        self._place(unit)
         with self._lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
             return self._queue.push(vc, unit, token)
+
+    def post(self, vc: int, unit: Unit, token: Any = None) -> None:
+        """:meth:`put`, then :meth:`flush`, under one hold of the lock (LCI's
+        post): the fabric is tried at once, and the send queue keeps only what
+        it did not take."""
+        self._place(unit)
+        with self._lock:
+            if self._lost is not None or self._finishing:
+                raise DeviceClosed(self._lost or "device is closing")
+            self._queue.push(vc, unit, token)
+            if self._writing:
+                return
+            done = self._send()
+            self._writing = not done
+        if self._send_failure is not None:
+            self._report_send_failure()
+        if not done:
+            self._want_write(self)
+
+    def _place(self, unit: Unit) -> None:
+        """Before ``unit`` is queued: a fabric with memory the peer granted
+        writes its bulk groups there now (see :meth:`OutgoingParcel.place`)."""
+        return None
 
     def flush(self) -> bool:
         """Send what is queued, on the calling thread, as far as the fabric

@@ -134,7 +134,7 @@ class MessageDevice(RoutedDevice):
         joins the stream once they have arrived, so that it never holds up
         the small parcels of other virtual connections; one with small ones
         follows them at once, as prompt bulk messages."""
-        parcel = unit if type(unit) is OutgoingParcel and unit.bulk_groups else None
+        parcel = unit if type(unit) is OutgoingParcel and unit.has_bulk else None
         with self._held_lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
@@ -148,6 +148,10 @@ class MessageDevice(RoutedDevice):
             self._held.append(vc, held)
             # Small bulk messages may have gone at once.
             return self._release_ready()
+
+    def post(self, vc: int, unit: Unit, token: Any = None) -> None:
+        self.put(vc, unit, token)
+        self.flush()
 
     def hello(self, listener: int) -> None:
         """Ask the peer's listener numbered ``listener`` for its end (under

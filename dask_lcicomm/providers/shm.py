@@ -101,11 +101,6 @@ class ShmDevice(Device):
         shared = self._shared
         return shared is not None and not shared.reader.asleep and not self.lost
 
-    def put(self, vc: int, unit: Unit, token: Any = None) -> bool:
-        if type(unit) is OutgoingParcel and not self.lost:
-            self._place(unit)
-        return super().put(vc, unit, token)
-
     def _sending(self) -> None:
         """Written into the peer's segment: the ring counts against the
         budget, and is watched, until idle again."""
@@ -143,8 +138,8 @@ class ShmDevice(Device):
                 self._budget.give(self)
             return not sent and shared.pool.settled
 
-    def _place(self, parcel: OutgoingParcel) -> None:
-        """Write each bulk group of the parcel (the frames that will share one
+    def _place(self, unit: Unit) -> None:
+        """Write each bulk group of a parcel (the frames that will share one
         buffer at the receiver) into a pool block of its own now, where one
         is free; the parcel then carries only where they lie, and releasing
         one group's objects at the receiver frees that block alone. Whatever
@@ -152,8 +147,9 @@ class ShmDevice(Device):
         device lock, after these writes, so the ring's release store covers
         them."""
         shared = self._shared
-        if shared is None:
+        if type(unit) is not OutgoingParcel or not unit.has_bulk or shared is None or self.lost:
             return
+        parcel = unit
         self._sending()
         for group, views in enumerate(parcel.bulk_groups):
             spot = shared.pool.allocate(sum(view.nbytes for view in views))
@@ -211,7 +207,7 @@ class ShmDevice(Device):
         except ProtocolError as e:
             logger.warning("closing shm device to %s: %s", self.peer_address, e)
             raise ConnectionAbortedError(str(e)) from e
-        if n:
+        if n and not self.sent:
             self._sending()
         if n and writer.wake_receiver():
             self._ring()

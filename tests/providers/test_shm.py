@@ -16,7 +16,7 @@ from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
-from dask_lcicomm.providers.base import Device, DeviceLost
+from dask_lcicomm.providers.base import DeviceLost
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
 from dask_lcicomm.providers.shm_options import ShmOptions
 from dask_lcicomm.providers.shm_segment import PAGE, TAIL
@@ -362,12 +362,15 @@ async def test_a_ring_is_charged_while_it_sends_and_given_back_when_idle(endpoin
 
 @pytest.mark.parametrize("block, offset", [(64, 0), (0, 100), (0, 8 * MiB)])
 @gen_test(timeout=60)
-async def test_placement_outside_the_pool_closes_the_device(endpoint_pair, caplog, block, offset):
+async def test_placement_outside_the_pool_closes_the_device(
+    endpoint_pair, caplog, monkeypatch, block, offset
+):
     with endpoint_pair("loop", provider="shm", pool=8 * MiB) as (a, b):
         parcel = _parcel(0, [bytes(MiB)])
         parcel.place(0, block, offset)
+        monkeypatch.setattr(a.device, "_place", lambda unit: None)  # as placed, not placed again
         with caplog.at_level(logging.WARNING, "dask_lcicomm"):
-            Device.put(a.device, 1, parcel)  # as placed, not placed again
+            a.device.put(1, parcel)
             a.device.flush()
             await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
         lost = next(e for e in b.events if isinstance(e, DeviceLost))
