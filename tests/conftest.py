@@ -64,9 +64,10 @@ class Endpoint:
         self.engine.add(device)
 
     def send(self, vc, unit, token=None):
-        """Queue ``unit`` and flush, as the parcelport does without aggregation."""
-        self.device.put(vc, unit, token)
-        return self.device.flush()
+        """Post ``unit``, as the parcelport does without aggregation; True when
+        the fabric took all of it at once."""
+        self.device.post(vc, unit, token)
+        return not self.device.queued_bytes
 
     def _handle(self, batch):
         self.events.extend(event for _, event in batch)

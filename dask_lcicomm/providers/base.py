@@ -237,9 +237,14 @@ class Device(ABC):
         with self._lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
-            self._queue.push(vc, unit, token)
+            queue = self._queue
             if self._writing:
+                queue.push(vc, unit, token)
                 return
+            if queue.idle:
+                queue.push_first(vc, unit, token)
+            else:
+                queue.push(vc, unit, token)
             done = self._send()
             self._writing = not done
         if self._send_failure is not None:

@@ -80,6 +80,28 @@ class SendQueue:
         self.queued_bytes += unit.nbytes
         return self.queued_bytes >= self._batch_bytes
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing taken: every token has come back."""
+        return not self.out and not self._ready
+
+    def push_first(self, vc: int, unit: Unit, token: Any = None) -> None:
+        """:meth:`push` then :meth:`fill` on an :attr:`idle` queue: a unit
+        taken whole at once (every small parcel) skips the round robin."""
+        out = self.out
+        taken = self._taken
+        for buffer in unit.next_unit():
+            out.append(buffer)
+            taken += len(buffer)
+        self._taken = taken
+        self.queued_bytes += unit.nbytes
+        if unit.done:
+            self._marks.append((taken, unit.nbytes, token))
+            return
+        self._streams[vc] = deque([(unit, token)])
+        self._ready.append(vc)
+        self.fill()
+
     def fill(self) -> bool:
         """Take units into :attr:`out`, up to a batch; False when nothing is left."""
         streams, ready, out = self._streams, self._ready, self.out

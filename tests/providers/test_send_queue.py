@@ -88,6 +88,26 @@ def test_clear_returns_every_unfinished_token_once():
     assert queue.queued_bytes == 0 and not queue.out and not queue.fill()
 
 
+def test_push_first_takes_a_whole_unit_at_once():
+    queue = SendQueue(batch_bytes=1 << 20)
+    assert queue.idle
+    queue.push_first(1, Raw(b"xxxx"), token="t")
+    assert not queue.idle and list(queue.out) == [b"xxxx"] and queue.queued_bytes == 4
+    queue.fill()
+    assert list(queue.out) == [b"xxxx"]  # nothing else was queued
+    assert queue.consume(4) == ["t"]
+    assert queue.idle and queue.queued_bytes == 0
+
+
+def test_push_first_fills_on_from_a_unit_of_many_takes():
+    queue = SendQueue(batch_bytes=100)
+    queue.push_first(1, Chunks(b"a", [60, 60, 60]), token="t")
+    assert sum(len(b) for b in queue.out) == 180  # the first take, then a batch as fill() takes
+    queue.push(2, Raw(b"b"))
+    sent, done = _drain(queue)
+    assert sent == b"a" * 180 + b"b" and done == ["t"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -108,6 +128,49 @@ def test_every_byte_and_token_arrives_exactly_once(sources, accept, batch):
     assert sorted(done) == list(range(len(sources)))
     assert queue.queued_bytes == 0
     # Per vc, its bytes come out in order (tags are unique per source).
+    for data in expected.values():
+        tags = set(data)
+        assert bytes(b for b in sent if b in tags) == data
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.integers(1, 50), min_size=1, max_size=4)),
+        max_size=12,
+    ),
+    st.integers(1, 64),
+    st.integers(1, 100),
+)
+def test_posting_as_a_device_does_sends_every_byte_and_token_once(sources, accept, batch):
+    """A device posts: push_first on an idle queue, push otherwise, and the
+    fabric takes up to ``accept`` bytes after each post."""
+    queue = SendQueue(batch_bytes=batch)
+    expected: dict[int, bytes] = {}
+    sent, done = b"", []
+
+    def send() -> None:
+        nonlocal sent
+        n = min(accept, sum(len(b) for b in queue.out))
+        sent += b"".join(bytes(b) for b in queue.out)[:n]
+        for token in queue.consume(n):
+            # Back only once the last byte of its source has been sent.
+            assert sent.count(65 + token) == sum(sources[token][1])
+            done.append(token)
+
+    for i, (vc, sizes) in enumerate(sources):
+        tag = bytes([65 + i])
+        if queue.idle:
+            queue.push_first(vc, Chunks(tag, sizes), token=i)
+        else:
+            queue.push(vc, Chunks(tag, sizes), token=i)
+        expected[vc] = expected.get(vc, b"") + tag * sum(sizes)
+        if queue.out or queue.fill():
+            send()
+    while queue.out or queue.fill():
+        send()
+    assert sorted(done) == list(range(len(sources)))
+    assert queue.queued_bytes == 0 and queue.idle
     for data in expected.values():
         tags = set(data)
         assert bytes(b for b in sent if b in tags) == data
