@@ -130,6 +130,10 @@ VARIANTS = (
     # extension is built where libfabric's headers are found).
     Variant.of("providers-ofi", {"providers": ["ofi", "tcp"], "ofi.provider": "tcp;ofi_rxm",
                                  "ofi.node": "127.0.0.1"}, requires="dask_lcicomm.providers._ofi"),
+    # The same with every bulk group sent, none read by RMA.
+    Variant.of("providers-ofi-sends", {"providers": ["ofi", "tcp"], "ofi.provider": "tcp;ofi_rxm",
+                                       "ofi.node": "127.0.0.1", "ofi.rendezvous-bytes": 0},
+               requires="dask_lcicomm.providers._ofi"),
 )
 
 VARIANTS_BY_NAME = {v.name: v for v in VARIANTS}

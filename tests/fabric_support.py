@@ -11,13 +11,17 @@ taken it (a rendezvous), a smaller one at once; the first
 :attr:`MemoryFabric.connect_retries` sends to a new peer answer "retry", as
 a fabric that connects on first use does; a receive into a shorter buffer
 truncates; an endpoint that closes fails the handles peers hold for
-it and the sends still waiting in its queue.
+it and the sends still waiting in its queue. It has RMA: a peer reads memory
+an endpoint registered, by an address and key that must name it exactly,
+for groups of :attr:`MemoryFabric.rendezvous_bytes` and more (groups of
+1 MiB, the default send batch, up to that are still sent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.machinery
+import itertools
 import os
 import secrets
 import sys
@@ -87,10 +91,15 @@ class MemoryFabric(MessageFabric):
     provider = "memory"
     #: Sends to a new peer that answer "retry" before the first is taken.
     connect_retries = 3
+    rendezvous_bytes = 2 << 20
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.address = secrets.token_hex(8)
+        self.rma = self
+        #: Memory peers may read, by key; a region's address is its key << 32.
+        self.regions: dict[int, memoryview] = {}
+        self._keys = itertools.count(1)
         self._queue: deque[_Message] = deque()
         # Guards the queue, and the wake-up pipe against its closing: other
         # fabrics deliver and wake from their own threads.
@@ -152,6 +161,24 @@ class MemoryFabric(MessageFabric):
             self._queue.append(message)
         self.wake()
         return True
+
+    def register(self, buffer: Any) -> tuple[int, int, int]:
+        key = next(self._keys)
+        self.regions[key] = memoryview(buffer).cast("B")
+        return key, key << 32, key
+
+    def unregister(self, handle: int) -> None:
+        del self.regions[handle]
+
+    def read(self, peer: Any, buffer: np.ndarray, address: int, key: int) -> _Request:
+        with _registry:
+            target = _endpoints.get(peer.address)
+        region = None if target is None else target.regions.get(key)
+        offset = address - (key << 32)
+        if region is None or offset < 0 or offset + buffer.nbytes > region.nbytes:
+            return _Request(True, PermissionError(f"no registered memory at {address:#x} with key {key}"))
+        buffer[:] = np.frombuffer(region[offset : offset + buffer.nbytes], np.uint8)
+        return _Request(completed=True)
 
     def take(self) -> tuple[int, int, Any] | None:
         with self._queue_lock:

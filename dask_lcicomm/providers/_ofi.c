@@ -15,7 +15,11 @@
  *            completion returns. An operation owns its context and, until
  *            it completes, a buffer view of the memory it reads or writes,
  *            so that the memory cannot be freed under libfabric; close()
- *            frees the operations left.
+ *            frees the operations left. Where the provider has RMA (asked
+ *            for with rma=True), memory registered for remote reads
+ *            (register) lets peers read a large buffer in place (read), so
+ *            that a NIC moves it without a copy; a registration holds a
+ *            view of its buffer until unregister() or close().
  *
  * Calls are serialised by the caller (FI_THREAD_DOMAIN); none blocks.
  *
@@ -45,6 +49,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #define POLL_BATCH 64
@@ -75,6 +80,13 @@ typedef struct op {
     Py_buffer view;
 } op;
 
+/* Memory registered for peers' reads. */
+typedef struct reg {
+    struct reg *prev, *next;
+    struct fid_mr *mr;
+    Py_buffer view;
+} reg;
+
 typedef struct {
     PyObject_HEAD
     struct fi_info *info;
@@ -87,6 +99,9 @@ typedef struct {
     size_t addrlen; /* the length of an address: the endpoint's own */
     op ops;       /* sentinel of the operations in flight */
     op *claimed;  /* the message a peek claimed, until receive() takes it */
+    reg regs;     /* sentinel of the registrations */
+    int rma;      /* whether the endpoint reads peers' registered memory */
+    uint64_t next_key; /* the key asked for next, where the provider takes ours */
 } Endpoint;
 
 typedef struct {
@@ -191,6 +206,14 @@ static void endpoint_drain(Endpoint *self) {
     }
 }
 
+static void reg_free(reg *r) {
+    r->prev->next = r->next;
+    r->next->prev = r->prev;
+    fi_close(&r->mr->fid);
+    PyBuffer_Release(&r->view);
+    PyMem_Free(r);
+}
+
 static void endpoint_close_all(Endpoint *self) {
     /* Closing the endpoint cancels what it had posted; then no completion
        can name an operation any more, and they are freed. */
@@ -198,6 +221,8 @@ static void endpoint_close_all(Endpoint *self) {
     dispositions_save(&saved);
     if (self->ep && self->cq)
         endpoint_drain(self);
+    while (self->regs.next && self->regs.next != &self->regs)
+        reg_free(self->regs.next);
     if (self->ep) fi_close(&self->ep->fid);
     if (self->av) fi_close(&self->av->fid);
     if (self->cq) fi_close(&self->cq->fid);
@@ -223,12 +248,13 @@ static int check_open(Endpoint *self) {
     return 0;
 }
 
-static int endpoint_open(Endpoint *self, const char *provider, const char *node);
+static int endpoint_open(Endpoint *self, const char *provider, const char *node, int rma);
 
 static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"provider", "node", NULL};
+    static char *kwlist[] = {"provider", "node", "rma", NULL};
     const char *provider = NULL, *node = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zz", kwlist, &provider, &node))
+    int rma = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|zzp", kwlist, &provider, &node, &rma))
         return -1;
     if (self->ep) {
         PyErr_SetString(PyExc_ValueError, "the endpoint is open already");
@@ -236,31 +262,45 @@ static int Endpoint_init(Endpoint *self, PyObject *args, PyObject *kwds) {
     }
     dispositions saved;
     dispositions_save(&saved);
-    int r = endpoint_open(self, provider, node);
+    int r = endpoint_open(self, provider, node, rma);
     dispositions_restore(&saved);
     return r;
 }
 
-static int endpoint_open(Endpoint *self, const char *provider, const char *node) {
-    self->ops.next = self->ops.prev = &self->ops;
+/* fi_getinfo for a tagged RDM endpoint, with reads of peers' memory if
+   `rma`; 0 or a negative FI_E*. */
+static int endpoint_info(Endpoint *self, const char *provider, const char *node, int rma) {
     struct fi_info *hints = lib.dupinfo(NULL);
-    if (!hints) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (!hints)
+        return -FI_ENOMEM;
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
+    hints->caps = FI_TAGGED | (rma ? FI_RMA | FI_READ | FI_REMOTE_READ : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->threading = FI_THREAD_SAFE;
-    /* No local registration: sends and receives name plain memory. */
-    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    /* No local registration: sends, receives and reads name plain memory;
+       only memory that peers read is registered, bound to the endpoint
+       where the provider asks for it (cxi). */
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     if (provider && *provider)
         hints->fabric_attr->prov_name = strdup(provider);
     int r = lib.getinfo(FI_VERSION(1, 9), node, node ? "0" : NULL, node ? FI_SOURCE : 0, hints,
                        &self->info);
     lib.freeinfo(hints);
-    if (r) {
+    if (r)
         self->info = NULL;
+    return r;
+}
+
+static int endpoint_open(Endpoint *self, const char *provider, const char *node, int rma) {
+    self->ops.next = self->ops.prev = &self->ops;
+    self->regs.next = self->regs.prev = &self->regs;
+    self->next_key = 1;
+    /* A provider without RMA still serves, by sends alone. */
+    int r = rma ? endpoint_info(self, provider, node, 1) : -FI_ENODATA;
+    self->rma = !r;
+    if (r)
+        r = endpoint_info(self, provider, node, 0);
+    if (r) {
         fi_error(r, "fi_getinfo: no libfabric provider for tagged messages on a reliable endpoint");
         return -1;
     }
@@ -337,6 +377,12 @@ static PyObject *Endpoint_provider(Endpoint *self, void *unused) {
     if (!check_open(self))
         return NULL;
     return PyUnicode_FromString(self->info->fabric_attr->prov_name);
+}
+
+static PyObject *Endpoint_rma(Endpoint *self, void *unused) {
+    if (!check_open(self))
+        return NULL;
+    return PyBool_FromLong(self->rma);
 }
 
 static PyObject *Endpoint_max_message(Endpoint *self, void *unused) {
@@ -459,6 +505,100 @@ static PyObject *Endpoint_receive(Endpoint *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* The key to ask for, where the provider takes ours: counted within the
+   provider's key size (cxi's are 16 bits), never 0. */
+static uint64_t next_key(Endpoint *self) {
+    size_t size = self->info->domain_attr->mr_key_size;
+    uint64_t mask = size && size < 8 ? ((uint64_t)1 << (8 * size)) - 1 : ~(uint64_t)0;
+    uint64_t key = self->next_key++ & mask;
+    if (!key)
+        key = self->next_key++ & mask;
+    return key;
+}
+
+/* register(buffer) -> (handle, address, key): let peers read ``buffer``
+   (read(), on their side) until unregister(handle). */
+static PyObject *Endpoint_register(Endpoint *self, PyObject *arg) {
+    if (!check_open(self))
+        return NULL;
+    if (!self->rma)
+        return PyErr_Format(PyExc_ValueError, "the endpoint has no RMA");
+    reg *r = PyMem_Calloc(1, sizeof *r);
+    if (!r)
+        return PyErr_NoMemory();
+    if (PyObject_GetBuffer(arg, &r->view, PyBUF_SIMPLE)) {
+        PyMem_Free(r);
+        return NULL;
+    }
+    uint64_t mode = self->info->domain_attr->mr_mode;
+    const char *what = "fi_mr_reg";
+    int e = fi_mr_reg(self->domain, r->view.buf, (size_t)r->view.len, FI_REMOTE_READ, 0,
+                      mode & FI_MR_PROV_KEY ? 0 : next_key(self), 0, &r->mr, NULL);
+    if (!e && mode & FI_MR_ENDPOINT) {
+        what = "fi_mr_bind";
+        if (!(e = fi_mr_bind(r->mr, &self->ep->fid, 0))) {
+            what = "fi_mr_enable";
+            e = fi_mr_enable(r->mr);
+        }
+        if (e)
+            fi_close(&r->mr->fid);
+    }
+    if (e) {
+        PyBuffer_Release(&r->view);
+        PyMem_Free(r);
+        return fi_error(e, what);
+    }
+    r->next = self->regs.next;
+    r->prev = &self->regs;
+    self->regs.next->prev = r;
+    self->regs.next = r;
+    /* Peers name the memory by its address, or by the offset in it. */
+    uint64_t address = mode & FI_MR_VIRT_ADDR ? (uint64_t)(uintptr_t)r->view.buf : 0;
+    return Py_BuildValue("(KKK)", (unsigned long long)(uintptr_t)r, (unsigned long long)address,
+                         (unsigned long long)fi_mr_key(r->mr));
+}
+
+static PyObject *Endpoint_unregister(Endpoint *self, PyObject *arg) {
+    uintptr_t handle = (uintptr_t)PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || !check_open(self))
+        return NULL;
+    for (reg *r = self->regs.next; r != &self->regs; r = r->next) {
+        if ((uintptr_t)r == handle) {
+            reg_free(r);
+            Py_RETURN_NONE;
+        }
+    }
+    return PyErr_Format(PyExc_ValueError, "no registration %llu", (unsigned long long)handle);
+}
+
+/* read(buffer, peer, address, key, id) -> bool: read what ``peer``
+   registered at ``address`` with ``key`` into ``buffer`` (writable); False
+   when the fabric answers -FI_EAGAIN. */
+static PyObject *Endpoint_read(Endpoint *self, PyObject *args) {
+    PyObject *buffer;
+    unsigned long long peer, address, key, id;
+    if (!PyArg_ParseTuple(args, "OKKKK", &buffer, &peer, &address, &key, &id) || !check_open(self))
+        return NULL;
+    if (!self->rma)
+        return PyErr_Format(PyExc_ValueError, "the endpoint has no RMA");
+    op *o = op_new(self, id);
+    if (!o)
+        return NULL;
+    if (PyObject_GetBuffer(buffer, &o->view, PyBUF_WRITABLE)) {
+        op_free(o);
+        return NULL;
+    }
+    o->has_view = 1;
+    ssize_t r = fi_read(self->ep, o->view.buf, (size_t)o->view.len, NULL, peer, address, key, o);
+    if (r) {
+        op_free(o);
+        if (r == -FI_EAGAIN)
+            Py_RETURN_FALSE;
+        return fi_error((int)r, "fi_read");
+    }
+    Py_RETURN_TRUE;
+}
+
 /* poll() -> [(id, length, tag, error, claim)]: the completions queued, at
    most POLL_BATCH; ``error`` a positive FI_E* or 0, ``claim`` a successful
    peek's claim or 0. */
@@ -531,6 +671,9 @@ static PyMethodDef Endpoint_methods[] = {
     {"send", (PyCFunction)Endpoint_send, METH_VARARGS, "send(buffer, peer, tag, id) -> posted"},
     {"peek", (PyCFunction)Endpoint_peek, METH_O, "peek(id) -> posted"},
     {"receive", (PyCFunction)Endpoint_receive, METH_VARARGS, "receive(buffer, id, claim) -> posted"},
+    {"register", (PyCFunction)Endpoint_register, METH_O, "register(buffer) -> (handle, address, key)"},
+    {"unregister", (PyCFunction)Endpoint_unregister, METH_O, "unregister(handle)"},
+    {"read", (PyCFunction)Endpoint_read, METH_VARARGS, "read(buffer, peer, address, key, id) -> posted"},
     {"poll", (PyCFunction)Endpoint_poll, METH_NOARGS, "The completions queued."},
     {"trywait", (PyCFunction)Endpoint_trywait, METH_NOARGS, "Whether the caller may sleep now."},
     {"inflight", (PyCFunction)Endpoint_inflight, METH_NOARGS, "Operations not yet completed."},
@@ -540,6 +683,7 @@ static PyMethodDef Endpoint_methods[] = {
 static PyGetSetDef Endpoint_getset[] = {
     {"provider", (getter)Endpoint_provider, NULL, "The libfabric provider's name.", NULL},
     {"max_message", (getter)Endpoint_max_message, NULL, "The longest message.", NULL},
+    {"rma", (getter)Endpoint_rma, NULL, "Whether peers' registered memory can be read.", NULL},
     {NULL},
 };
 

@@ -44,20 +44,24 @@ import numpy as np
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
 from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
-from dask_lcicomm.providers.message_fabric import MessageFabric, Request, RoutedDevice
+from dask_lcicomm.providers.message_fabric import MessageFabric, RoutedDevice
 from dask_lcicomm.providers.message_inbox import Inbox
+from dask_lcicomm.providers.message_rendezvous import Loans, read_message
 from dask_lcicomm.providers.message_tags import (
     BULK,
     CONTROL,
     END,
     NUMBER_MASK,
     PROMPT,
+    READ,
+    READABLE,
     STREAM,
     WELCOME,
     peer_route,
     tag,
     welcome_message,
 )
+from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.send_queue import Unit
 
 logger = logging.getLogger(__name__)
@@ -81,7 +85,8 @@ class MessageDevice(RoutedDevice):
         local_address: str,
         peer_address: str,
     ) -> None:
-        self._inbox = Inbox(options.limits, fabric.receive)
+        self._inbox = Inbox(options.limits, fabric.receive, self._read if fabric.rma else None)
+        self._loans = Loans(fabric.rma)
         super().__init__(options, local_address, peer_address, placement=self._inbox.take_bulk)
         self.source = self._fabric = fabric
         self.provider = fabric.provider
@@ -160,7 +165,14 @@ class MessageDevice(RoutedDevice):
         self._post(message, CONTROL, 0, 0, None)
 
     def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
-        return all(sum(v.nbytes for v in views) <= self._prompt_bytes for views in parcel.bulk_groups)
+        return all(
+            sum(v.nbytes for v in views) <= self._prompt_bytes and not self._loans.lends(views)
+            for views in parcel.bulk_groups
+        )
+
+    def _read(self, buffer: np.ndarray, address: int, key: int) -> Request:
+        assert self._fabric.rma is not None
+        return self._fabric.rma.read(self._peer, buffer, address, key)
 
     def _send_bulk(self, parcel: OutgoingParcel, held: Held | None) -> None:
         """Send each bulk group of ``parcel`` as a message of its own; the
@@ -168,15 +180,19 @@ class MessageDevice(RoutedDevice):
         prompt: the parcel follows at once."""
         with self._fabric.lock:
             for group, views in enumerate(parcel.bulk_groups):
-                message = views[0] if len(views) == 1 else b"".join(views)
                 number = self._bulk_sent & NUMBER_MASK
                 parcel.place(group, number, 0)
+                self._bulk_sent += 1
+                readable = None if held is None else self._loans.lend(number, views, held)
+                if readable is not None:
+                    self._post(readable, CONTROL, READABLE, 0, None)
+                    continue
+                message = views[0] if len(views) == 1 else b"".join(views)
                 if held is None:
                     self._prompt_sent += 1
                 else:
                     held.bulk_out += 1
                 self._post(message, BULK if held else PROMPT, number, 0, held)
-                self._bulk_sent += 1
 
     def welcome(self) -> None:
         """Answer the peer's hello with our route (under the fabric's lock)."""
@@ -333,9 +349,16 @@ class MessageDevice(RoutedDevice):
         self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._peer_route))
 
     def reap(self) -> bool:
+        inbox = self._inbox
         reaped = self._reap_sends()
-        reaped = self._inbox.reap(self._welcomed, self._receive_failed) or reaped
-        return reaped or bool(self._inbox.stream)
+        reaped = inbox.reap(self._welcomed, self._receive_failed) or reaped
+        for number in inbox.acknowledge:
+            self._post(read_message(number), CONTROL, READ, 0, None)
+        inbox.acknowledge.clear()
+        for number in inbox.returned:
+            self._loans.returned(number)
+        inbox.returned.clear()
+        return reaped or bool(inbox.stream)
 
     def _receive_failed(self, reason: str) -> None:
         self._failed = self._failed or reason
@@ -417,6 +440,7 @@ class MessageDevice(RoutedDevice):
                 logger.info("%s device to %s closed with %d messages the fabric never took",
                             self.provider, self.peer_address, len(self._unposted))
                 self._unposted.clear()
+            self._loans.clear()
             peer, self._peer = self._peer, None
             fabric.remove(self, self._inbox.close())
             fabric.retire(peer, [(entry[0], entry[2]) for entry in self._inflight])

@@ -31,13 +31,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers.base import Device, Progress, SharedSource, connect_timeout
 from dask_lcicomm.providers.message_tags import CONTROL, NUMBER_BITS, NUMBER_MASK
+from dask_lcicomm.providers.message_verbs import Request, Rma
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +53,6 @@ _RETIRE_S = 10.0
 #: answers "retry" while its connection thread, which needs the endpoint's
 #: lock, connects, and retrying at once kept that thread out until timeout.
 _RETRY_S = 0.001
-
-
-class Request(Protocol):
-    """A send or receive the fabric has posted."""
-
-    @property
-    def completed(self) -> bool: ...
-
-    def check_error(self) -> None:
-        """Raise what made the request fail, if anything did."""
 
 
 class RoutedDevice(Device):
@@ -121,6 +112,8 @@ class MessageFabric(SharedSource):
     provider: str
     #: This endpoint's address, as peers pass it to :meth:`open_peer`.
     address: str
+    #: The verbs that read peers' memory, where the fabric has RMA.
+    rma: Rma | None = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress: Progress) -> None:
         self._loop = loop

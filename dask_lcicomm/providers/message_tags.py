@@ -29,9 +29,10 @@ from dask_lcicomm.parcel import ProtocolError
 
 #: Message kinds. A stream message carries bytes of the parcel stream;
 #: a bulk message one bulk group of a parcel (prompt: its parcel follows at
-#: once); a control message a WELCOME or an END, in stream order.
+#: once); a control message a WELCOME or an END, in stream order, or a
+#: READABLE or READ of the rendezvous (:mod:`.message_rendezvous`).
 STREAM, BULK, PROMPT, CONTROL = range(4)
-WELCOME, END = range(2)
+WELCOME, END, READABLE, READ = range(4)
 NUMBER_BITS = 30
 NUMBER_MASK = (1 << NUMBER_BITS) - 1
 

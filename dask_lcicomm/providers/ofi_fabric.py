@@ -3,8 +3,11 @@
 sends, and libfabric's queue of unexpected messages read by peek-and-claim
 (see :mod:`.message_fabric` for what is done with them).
 
-Every send and receive completes through the endpoint's one completion
-queue, whose wait descriptor the engine sleeps on (``fi_trywait`` first).
+Every send, receive and read completes through the endpoint's one
+completion queue, whose wait descriptor the engine sleeps on (``fi_trywait``
+first). Where the libfabric provider has RMA, large bulk groups are read by
+the receiver from memory the sender registered (:mod:`.message_rendezvous`),
+unless ``rendezvous-bytes`` is 0.
 
 libfabric reports no peer's death by itself: a send to a dead peer fails,
 or is answered "retry" while the fabric tries to connect again. While
@@ -31,8 +34,9 @@ import numpy as np
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers import _ofi
 from dask_lcicomm.providers.base import Progress
-from dask_lcicomm.providers.message_fabric import MessageFabric, Request
+from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_tags import PROBE
+from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.ofi_options import OfiOptions
 
 logger = logging.getLogger(__name__)
@@ -41,14 +45,14 @@ logger = logging.getLogger(__name__)
 _PEEK = 0
 #: Completions read in one call (the extension's batch).
 _BATCH = 64
-#: Tries of a receive the fabric answered "retry" to, progressing between.
+#: Tries of a receive or read the fabric answered "retry" to, progressing between.
 _RECEIVE_TRIES = 1000
 
 
 def open_endpoint(options: OfiOptions) -> _ofi.Endpoint:
     """An endpoint as ``options`` ask (``OSError`` naming libfabric's
     reason when there is none)."""
-    return _ofi.Endpoint(options.provider, options.node)
+    return _ofi.Endpoint(options.provider, options.node, options.rendezvous_bytes > 0)
 
 
 class _Request:
@@ -89,6 +93,9 @@ class OfiFabric(MessageFabric):
         self._endpoint = open_endpoint(options)
         self._fd = self._endpoint.fileno()
         self.address = self._endpoint.name().hex()
+        if self._endpoint.rma:
+            self.rma = self
+            self.rendezvous_bytes = options.rendezvous_bytes
         self._ids = count(_PEEK + 1)
         self._requests: dict[int, _Request] = {}
         #: Address-vector entries by address: [entry, devices using it].
@@ -157,13 +164,31 @@ class OfiFabric(MessageFabric):
         return taken
 
     def receive(self, message: Any, buffer: np.ndarray) -> Request:
+        return self._post(lambda number: self._endpoint.receive(buffer, number, message), "receive")
+
+    def register(self, buffer: Any) -> tuple[Any, int, int]:
+        return self._endpoint.register(buffer)
+
+    def unregister(self, handle: Any) -> None:
+        self._endpoint.unregister(handle)
+
+    def read(self, peer: _Peer, buffer: np.ndarray, address: int, key: int) -> Request:
+        try:
+            return self._post(lambda number: self._endpoint.read(buffer, peer.at, address, key, number),
+                              "read")
+        except OSError as e:  # the address and key are the peer's word
+            return _Request(e.errno or errno.EIO)
+
+    def _post(self, post: Callable[[int], bool], what: str) -> _Request:
+        """A receive or read ``post`` posts with the id it is given,
+        progressing while the fabric answers "retry"."""
         number = next(self._ids)
         for _ in range(_RECEIVE_TRIES):
-            if self._endpoint.receive(buffer, number, message):
+            if post(number):
                 request = self._requests[number] = _Request()
                 return request
             self.poke()
-        raise OSError(11, f"libfabric took no receive in {_RECEIVE_TRIES} tries")
+        raise OSError(11, f"libfabric took no {what} in {_RECEIVE_TRIES} tries")
 
     def poke(self) -> None:
         while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dask_lcicomm.config import PREFIX, Duration, Kind, Section, Settings
+from dask_lcicomm.config import PREFIX, Duration, Integer, Kind, Section, Settings
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ SECTION = Section("ofi", {
     "node": Name(),
     "probe-interval": Duration(),
     "unreachable-after": Duration(),
+    "rendezvous-bytes": Integer(least=0, size=True),
 })
 
 
@@ -38,6 +39,7 @@ class OfiOptions:
     node: str | None
     probe_interval: float
     unreachable_after: float
+    rendezvous_bytes: int
 
     @classmethod
     def of(cls, settings: Settings) -> OfiOptions:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.providers.base import Progress
-from dask_lcicomm.providers.message_fabric import MessageFabric, Request
+from dask_lcicomm.providers.message_fabric import MessageFabric
+from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.ucx_context import any_tag, array, bindings, new_worker, setup_errors
 
 

@@ -1,15 +1,19 @@
 """A message device's receive side without a fabric: lengths checked before
 anything is allocated, stream messages read in order and only behind the
-prompt bulk messages sent before them, control messages by state."""
+prompt bulk messages sent before them, control messages by state, groups
+announced for reading read and acknowledged."""
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 import pytest
 
 from dask_lcicomm.parcel import Limits, ProtocolError
 from dask_lcicomm.providers.message_inbox import Inbox
-from dask_lcicomm.providers.message_tags import BULK, CONTROL, END, PROMPT, STREAM, WELCOME
+from dask_lcicomm.providers.message_rendezvous import MAX_ANNOUNCEMENT, read_message
+from dask_lcicomm.providers.message_tags import BULK, CONTROL, END, PROMPT, READ, READABLE, STREAM, WELCOME
 
 
 class _Receive:
@@ -39,9 +43,39 @@ class _Request:
             raise self.error
 
 
+class _Read:
+    """The fabric's read verb: completes when told, writing what the peer
+    registered (``memory``, by address)."""
+
+    def __init__(self, memory: dict[int, bytes]) -> None:
+        self.memory = memory
+        self.requests: list[_Request] = []
+        self.posted: list[tuple[int, int, int]] = []
+
+    def __call__(self, buffer: np.ndarray, address: int, key: int) -> _Request:
+        self.posted.append((address, key, buffer.nbytes))
+        request = _Request(self.memory.get(address, b""), buffer)
+        self.requests.append(request)
+        return request
+
+
 def _inbox(**limits: int) -> tuple[Inbox, _Receive]:
     receive = _Receive()
     return Inbox(Limits(**limits), receive), receive
+
+
+def _reading_inbox(memory: dict[int, bytes], **limits: int) -> tuple[Inbox, _Receive, _Read]:
+    receive, read = _Receive(), _Read(memory)
+    return Inbox(Limits(**limits), receive, read), receive, read
+
+
+def _readable(number: int, *buffers: tuple[int, int, int]) -> bytes:
+    return struct.pack("<II", number, len(buffers)) + b"".join(struct.pack("<QQQ", *b) for b in buffers)
+
+
+def _announce(inbox: Inbox, receive: _Receive, message: bytes) -> None:
+    inbox.arrived(CONTROL, READABLE, len(message), message, welcomed=True)
+    receive.requests[-1].finish()
 
 
 def _reap(inbox: Inbox) -> tuple[list[bytes], list[str]]:
@@ -91,7 +125,7 @@ def test_a_bulk_number_arriving_twice_is_a_violation():
     ("number", "welcomed", "allowed"),
     [
         (WELCOME, False, True), (END, False, False), (END, True, True), (WELCOME, True, False),
-        (5, True, False),
+        (5, True, False), (READABLE, False, False), (READ, False, False),
     ],
 )
 def test_control_messages_follow_the_state(number, welcomed, allowed):
@@ -163,3 +197,92 @@ def test_closing_hands_back_the_receives_in_flight():
     _reap(inbox)
     assert [request for request, _ in inbox.close()] == [receive.requests[1]]
     assert not inbox.busy and _read(inbox) == b""
+
+
+def test_an_announced_group_is_read_buffer_by_buffer_then_acknowledged_and_taken():
+    inbox, receive, read = _reading_inbox({0x10: b"abc", 0x20: b"defgh"})
+    _announce(inbox, receive, _readable(9, (0x10, 1, 3), (0x20, 2, 5)))
+    assert not _reap(inbox)[1]
+    assert read.posted == [(0x10, 1, 3), (0x20, 2, 5)]
+    read.requests[0].finish()
+    _reap(inbox)
+    assert inbox.acknowledge == [] and inbox.busy
+    read.requests[1].finish()
+    _reap(inbox)
+    assert inbox.acknowledge == [9] and not inbox.busy
+    assert inbox.take_bulk(9, 0, 8).tobytes() == b"abcdefgh"
+
+
+@pytest.mark.parametrize(
+    ("message", "limits", "error"),
+    [
+        (_readable(1, (0, 1, 101)), {"max_message_bytes": 100}, "exceed"),
+        (_readable(1, (0, 1, 60), (0, 2, 0)), {}, "empty"),
+        (_readable(1, (0, 1, 4)), {"max_frames": 0}, "exceed"),
+        (b"junk", {}, "announcement"),
+    ],
+    ids=["over the byte limit", "an empty buffer", "over the count", "malformed"],
+)
+def test_an_announcement_over_the_limits_or_malformed_reads_and_allocates_nothing(message, limits, error):
+    inbox, receive, read = _reading_inbox({}, **limits)
+    _announce(inbox, receive, message)
+    with pytest.raises(ProtocolError, match=error):
+        _reap(inbox)
+    assert not read.posted
+
+
+def test_announced_groups_count_with_bulk_messages_against_the_limit():
+    inbox, receive, read = _reading_inbox({}, max_message_bytes=100)
+    inbox.arrived(BULK, 0, 60, b"a" * 60, welcomed=True)
+    _announce(inbox, receive, _readable(1, (0, 1, 60)))
+    with pytest.raises(ProtocolError, match="exceed"):
+        _reap(inbox)
+    assert not read.posted
+
+
+def test_an_announced_number_already_waiting_is_a_violation():
+    inbox, receive, read = _reading_inbox({})
+    inbox.arrived(BULK, 4, 1, b"x", welcomed=True)
+    _announce(inbox, receive, _readable(4, (0, 1, 1)))
+    with pytest.raises(ProtocolError, match="twice"):
+        _reap(inbox)
+    assert not read.posted
+
+
+def test_an_announcement_is_refused_unread_without_rma_or_over_its_length():
+    inbox, receive = _inbox()
+    with pytest.raises(ProtocolError, match="without RMA"):
+        inbox.arrived(CONTROL, READABLE, 32, b"", welcomed=True)
+    inbox, receive, _ = _reading_inbox({})
+    with pytest.raises(ProtocolError, match="rendezvous"):
+        inbox.arrived(CONTROL, READABLE, MAX_ANNOUNCEMENT + 1, b"", welcomed=True)
+    with pytest.raises(ProtocolError, match="rendezvous"):
+        inbox.arrived(CONTROL, READ, 5, b"", welcomed=True)
+    assert not receive.requests
+
+
+def test_a_failed_read_is_reported_and_never_acknowledged():
+    inbox, receive, read = _reading_inbox({0: b"abcd"})
+    _announce(inbox, receive, _readable(3, (0, 1, 4)))
+    _reap(inbox)
+    read.requests[0].finish(PermissionError("no such memory"))
+    _, failures = _reap(inbox)
+    assert failures == ["read failed: PermissionError: no such memory"]
+    assert inbox.acknowledge == []
+
+
+def test_a_read_message_returns_a_loan():
+    inbox, receive = _inbox()
+    inbox.arrived(CONTROL, READ, 4, read_message(12), welcomed=True)
+    receive.requests[0].finish()
+    _reap(inbox)
+    assert inbox.returned == [12]
+
+
+def test_closing_hands_back_the_reads_in_flight():
+    inbox, receive, _ = _reading_inbox({})
+    _announce(inbox, receive, _readable(3, (0, 1, 4)))
+    _reap(inbox)
+    (request, buffer), = inbox.close()
+    assert buffer.nbytes == 4 and not request.completed
+    assert not inbox.busy
