@@ -108,8 +108,9 @@ def test_push_first_fills_on_from_a_unit_of_many_takes():
     assert sent == b"a" * 180 + b"b" and done == ["t"]
 
 
-@settings(max_examples=200, deadline=None)
-@given(
+#: Sources (a virtual connection and the sizes of its chunks), the bytes the
+#: fabric accepts per call, and the batch size.
+_TRAFFIC = given(
     st.lists(
         st.tuples(st.integers(0, 3), st.lists(st.integers(1, 50), min_size=1, max_size=4)),
         max_size=12,
@@ -117,6 +118,10 @@ def test_push_first_fills_on_from_a_unit_of_many_takes():
     st.integers(1, 64),
     st.integers(1, 100),
 )
+
+
+@settings(max_examples=200, deadline=None)
+@_TRAFFIC
 def test_every_byte_and_token_arrives_exactly_once(sources, accept, batch):
     queue = SendQueue(batch_bytes=batch)
     expected: dict[int, bytes] = {}
@@ -134,14 +139,7 @@ def test_every_byte_and_token_arrives_exactly_once(sources, accept, batch):
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 3), st.lists(st.integers(1, 50), min_size=1, max_size=4)),
-        max_size=12,
-    ),
-    st.integers(1, 64),
-    st.integers(1, 100),
-)
+@_TRAFFIC
 def test_posting_as_a_device_does_sends_every_byte_and_token_once(sources, accept, batch):
     """A device posts: push_first on an idle queue, push otherwise, and the
     fabric takes up to ``accept`` bytes after each post."""
