@@ -63,6 +63,7 @@ from dask_lcicomm.providers.message_tags import (
 )
 from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.send_queue import Unit
+from dask_lcicomm.providers.sends_in_flight import SendsInFlight
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class MessageDevice(RoutedDevice):
         self._finish_when_sent = False
         # The output ends once the fabric has finished the sends in flight.
         self._end_after_sends = False
-        self._inflight: deque[tuple[Request, int, Any, Held | None]] = deque()
+        self._inflight = SendsInFlight()
         self._inflight_bytes = 0
         # Messages the fabric answered "retry" to, in order, and since when
         # the first of them waits.
@@ -218,7 +219,7 @@ class MessageDevice(RoutedDevice):
             self._inflight_bytes -= nbytes
             self._completed(request, held)
         else:
-            self._inflight.append((request, nbytes, message, held))
+            self._inflight.add((request, nbytes, message, held))
             self._fabric.busy(self)
 
     def _post_unposted(self) -> bool:
@@ -320,18 +321,12 @@ class MessageDevice(RoutedDevice):
 
     def _reap_sends(self) -> bool:
         """Finish the sends the fabric has completed (under its lock)."""
-        inflight = self._inflight
         reaped = self._post_unposted()
-        for _ in range(len(inflight)):
-            entry = inflight.popleft()
-            request, nbytes, _, held = entry
-            if request.completed:
-                self._inflight_bytes -= nbytes
-                self._completed(request, held)
-                reaped = True
-            else:
-                inflight.append(entry)
-        if self._end_after_sends and not inflight and not self._unposted:
+        for request, nbytes, _, held in self._inflight.finished():
+            self._inflight_bytes -= nbytes
+            self._completed(request, held)
+            reaped = True
+        if self._end_after_sends and not self._inflight and not self._unposted:
             self._end_after_sends = False
             self._post_end()
         return reaped

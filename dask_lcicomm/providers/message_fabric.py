@@ -266,7 +266,10 @@ class MessageFabric(SharedSource):
     def retry_later(self, device: RoutedDevice) -> None:
         """The fabric answered "retry" to ``device``: progress comes back
         after :data:`_RETRY_S` until it took the message (no event may say
-        when)."""
+        when). A released device closes with what it has, as the event loop
+        that would retry may be closing too."""
+        if device.released:
+            return
         self._busy.add(device)
         if device not in self._retrying:
             self._retrying.add(device)

@@ -145,8 +145,13 @@ class OfiFabric(MessageFabric):
     def _send(self, at: int, tag: int, message: Any, on_error: Callable[[], None] | None) -> _Request | None:
         number = next(self._ids)
         try:
+            # libfabric's "retry" asks for progress first: its queues may be
+            # full of completions no one read (a writer that does not yield
+            # leaves progress to its sends).
             if not self._endpoint.send(message, at, tag, number):
-                return None
+                self.poke()
+                if not self._endpoint.send(message, at, tag, number):
+                    return None
         except OSError as e:
             if on_error is not None:
                 on_error()

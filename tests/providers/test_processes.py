@@ -1,6 +1,6 @@
-"""Providers between real processes (shared memory, UCX): a peer killed in
-the middle of a 64 MiB transfer, and a stress run of random traffic under
-back-pressure."""
+"""Providers between real processes (shared memory, UCX, libfabric): a peer
+killed in the middle of a 64 MiB transfer, a writer that never yields, and a
+stress run of random traffic under back-pressure."""
 
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ async def main(address, role):
         block = np.ones(64 << 20, dtype=np.uint8)
         while True:
             await comm.write({"data": to_serialize(block)})
+    if role == "counter":
+        count = 0
+        while await comm.read() != "end":
+            count += 1
+        await comm.write(count)
     while True:
         await comm.read()
 
@@ -148,6 +153,37 @@ async def test_peer_killed_mid_transfer(direction, settings, provider):
                 proc.wait(timeout=10)
     assert _shm_files() == before
     assert _mapped_shm_files() == []
+
+
+@pytest.mark.parametrize("settings, provider", PEERS)
+@gen_test(timeout=120)
+async def test_a_writer_that_never_yields_loses_no_message(settings, provider):
+    """Thousands of small writes in a row, the event loop never run between
+    them, for longer than ofi may refuse a peer: the peer counts every one.
+    (Over ofi the writer's completions went unread, libfabric answered
+    "retry" to every send and the peer was lost as unreachable.)"""
+    count = 40_000
+    accepted: asyncio.Queue = asyncio.Queue()
+    config = {**_config(settings), "distributed.comm.lci.ofi.unreachable-after": "0.3s"}
+    with dask.config.set(config):
+        async with listen("lci://127.0.0.1:0", accepted.put) as listener:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _PEER, listener.contact_address, "counter"], env=_env(**settings)
+            )
+            try:
+                comm = await asyncio.wait_for(accepted.get(), 30)
+                assert await asyncio.wait_for(comm.read(), 30) == provider
+                start = time.monotonic()
+                for i in range(count):
+                    await comm.write({"op": "flood", "i": i})
+                writing = time.monotonic() - start
+                await comm.write("end")
+                assert await asyncio.wait_for(comm.read(), 60) == count
+                assert writing > 0.3, f"{count} writes took {writing:.2f} s: too few to test the limit"
+                await comm.close()
+            finally:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 def _payload(seed: int, size: int) -> np.ndarray:
