@@ -146,6 +146,12 @@ def connect_timeout() -> float:
     return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s"))
 
 
+def dead_after() -> float:
+    """Dask's bound on a connected peer that takes no data, in seconds: after
+    it a TCP connection is dead (``distributed.comm.timeouts.tcp``)."""
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.tcp"), "s"))
+
+
 class Device(ABC):
     """One endpoint of a channel between two parcelports."""
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, dead_after
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
 from dask_lcicomm.providers.message_fabric import MessageFabric, RoutedDevice
 from dask_lcicomm.providers.message_inbox import Inbox
@@ -113,9 +113,11 @@ class MessageDevice(RoutedDevice):
         self._inflight = SendsInFlight()
         self._inflight_bytes = 0
         # Messages the fabric answered "retry" to, in order, and since when
-        # the first of them waits.
+        # the first of them waits; whether the fabric ever took a send.
         self._unposted: deque[tuple[Any, int, int, Held | None]] = deque()
         self._unposted_since = 0.0
+        self._reached = False
+        self._dead_after = dead_after()
         self._bulk_sent = 0
         self._prompt_sent = 0
         self._prompt_bytes = options.batch_bytes
@@ -215,6 +217,7 @@ class MessageDevice(RoutedDevice):
         self._fabric.retry_later(self)
 
     def _posted(self, request: Request, message: Any, nbytes: int, held: Held | None) -> None:
+        self._reached = True
         if request.completed:
             self._inflight_bytes -= nbytes
             self._completed(request, held)
@@ -225,7 +228,9 @@ class MessageDevice(RoutedDevice):
     def _post_unposted(self) -> bool:
         """Hand the fabric what it answered "retry" to, in order; True when
         any went. A peer the fabric takes nothing for, for its
-        :attr:`~.MessageFabric.retry_limit`, is unreachable."""
+        :attr:`~.MessageFabric.retry_limit`, is unreachable; once it took a
+        send, "retry" may be a busy peer's backpressure, and only Dask's
+        TCP timeout (:func:`~.base.dead_after`) without one makes it lost."""
         unposted = self._unposted
         posted = False
         while unposted:
@@ -233,9 +238,11 @@ class MessageDevice(RoutedDevice):
             request = self._fabric.send(self._peer, value, message)
             if request is None:
                 waited = time.monotonic() - self._unposted_since
-                if waited > self._fabric.retry_limit and self._failed is None:
+                limit = self._dead_after if self._reached else self._fabric.retry_limit
+                if waited > limit and self._failed is None:
+                    why = "it is gone" if self._reached else "it cannot reach it"
                     self._unreachable(f"the {self.provider} fabric took no send to the peer "
-                                      f"for {waited:.1f} s: it cannot reach it")
+                                      f"for {waited:.1f} s: {why}")
                     return True
                 return posted
             unposted.popleft()

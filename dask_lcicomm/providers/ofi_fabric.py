@@ -14,7 +14,10 @@ or is answered "retry" while the fabric tries to connect again. While
 devices are open, each of their peer endpoints is sent an empty probe every
 ``probe-interval``, which the peer drops unread; a probe that fails, or
 that is answered "retry" for ``unreachable-after``, reports every device of
-that peer lost.
+that peer lost. Once the endpoint took a send to the peer, "retry" may be
+the backpressure of a peer whose event loop is busy, and libfabric (1.17's
+rxm) tells a dead peer from it by nothing else: then the bound is Dask's
+TCP timeout, ``distributed.comm.timeouts.tcp``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers import _ofi
-from dask_lcicomm.providers.base import Progress
+from dask_lcicomm.providers.base import Progress, dead_after
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_tags import PROBE
 from dask_lcicomm.providers.message_verbs import Request
@@ -106,8 +109,11 @@ class OfiFabric(MessageFabric):
         self._probe_interval = options.probe_interval
         self._retry_limit = options.unreachable_after
         self._probing = False
-        #: Since when the fabric answered "retry" to every probe to a peer endpoint.
+        #: Since when the fabric answered "retry" to every probe to a peer
+        #: endpoint; those it took a send for, and how long they may refuse.
         self._refused: dict[int, float] = {}
+        self._reached: set[int] = set()
+        self._dead_after = dead_after()
         self._probe_timer: asyncio.TimerHandle | None = None
 
     def fileno(self) -> int:
@@ -137,6 +143,7 @@ class OfiFabric(MessageFabric):
         if not entry[1]:
             del self._entries[peer.address]
             self._refused.pop(entry[0], None)
+            self._reached.discard(entry[0])
             self._endpoint.remove(entry[0])
 
     def send(self, peer: _Peer, tag: int, message: Any) -> Request | None:
@@ -152,6 +159,7 @@ class OfiFabric(MessageFabric):
                 self.poke()
                 if not self._endpoint.send(message, at, tag, number):
                     return None
+            self._reached.add(at)
         except OSError as e:
             if on_error is not None:
                 on_error()
@@ -228,7 +236,9 @@ class OfiFabric(MessageFabric):
             for at in {peer.at for peer in self._watched}:
                 if self._send(at, PROBE, b"", functools.partial(self._lost, at)) is not None:
                     self._refused.pop(at, None)
-                elif now - self._refused.setdefault(at, now) > self._retry_limit:
+                elif now - self._refused.setdefault(at, now) > (
+                    self._dead_after if at in self._reached else self._retry_limit
+                ):
                     self._lost(at)
             self._probe_timer = self._loop.call_later(self._probe_interval, self._probe)
         self._progress.kick(self)

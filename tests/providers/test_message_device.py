@@ -4,6 +4,7 @@ fabric has RMA. The cases every provider shares are in test_base.py."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import dask
@@ -99,6 +100,23 @@ async def test_a_fabric_that_never_takes_a_send_loses_the_device_within_the_conn
         await a.wait_for(lambda ev: bool(lost(ev)), timeout=10)
         assert "took no send" in lost(a.events)[0].reason
         assert not [e for e in b.events if isinstance(e, Message)]
+
+
+@gen_test(timeout=30)
+async def test_a_peer_reached_once_is_lost_only_after_dasks_tcp_timeout(endpoint_pair):
+    """Before the fabric took a send, "retry" for the connect timeout makes a
+    peer unreachable; after, it may be a busy peer's backpressure, and only
+    Dask's TCP timeout without a send taken makes the peer lost."""
+    timeouts = {"distributed.comm.timeouts.connect": "0.2s", "distributed.comm.timeouts.tcp": "1.5s"}
+    with dask.config.set(timeouts), endpoint_pair("loop", provider="memory") as (a, b):
+        a.send(1, OutgoingParcel(1, 0, [bytes(4)], 1024, 65536))
+        await b.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
+        a.device._peer.retries = 1 << 30
+        a.send(1, OutgoingParcel(1, 1, [b"late"], 1024, 65536))
+        await asyncio.sleep(0.8)
+        assert a.device.unposted and not lost(a.events)
+        await a.wait_for(lambda ev: bool(lost(ev)), timeout=10)
+        assert "it is gone" in lost(a.events)[0].reason
 
 
 def _registrations(monkeypatch, fabric) -> list[int]:

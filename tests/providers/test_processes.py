@@ -5,6 +5,7 @@ stress run of random traffic under back-pressure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -24,7 +25,7 @@ from ucx_support import needs_ucx
 MiB = 1 << 20
 
 _PEER = """
-import asyncio, sys
+import asyncio, sys, time
 import numpy as np
 from distributed.comm import connect
 from distributed.protocol import to_serialize
@@ -38,8 +39,11 @@ async def main(address, role):
             await comm.write({"data": to_serialize(block)})
     if role == "counter":
         count = 0
-        while await comm.read() != "end":
-            count += 1
+        while (msg := await comm.read()) != "end":
+            if msg == "hold":
+                time.sleep(4)  # the event loop held, as by a task holding the GIL
+            else:
+                count += 1
         await comm.write(count)
     while True:
         await comm.read()
@@ -114,7 +118,9 @@ async def test_peer_killed_mid_transfer(direction, settings, provider):
     before = _shm_files()
     accepted: asyncio.Queue = asyncio.Queue()
     role = "sink" if direction == "to-peer" else "source"
-    with dask.config.set(_config(settings)):
+    # Over ofi a dead peer that took sends before is told from a busy one by
+    # this bound alone (libfabric answers "retry" to both).
+    with dask.config.set({**_config(settings), "distributed.comm.timeouts.tcp": "4s"}):
         async with listen("lci://127.0.0.1:0", accepted.put) as listener:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _PEER, listener.contact_address, role], env=_env(**settings)
@@ -155,6 +161,26 @@ async def test_peer_killed_mid_transfer(direction, settings, provider):
     assert _mapped_shm_files() == []
 
 
+@contextlib.asynccontextmanager
+async def _counting_peer(settings: dict[str, str], provider: str, config: dict[str, str]):
+    """A comm to a peer process that counts what it reads until "end", then
+    writes the count back ("hold" makes it hold its event loop for 4 s)."""
+    accepted: asyncio.Queue = asyncio.Queue()
+    with dask.config.set({**_config(settings), **config}):
+        async with listen("lci://127.0.0.1:0", accepted.put) as listener:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _PEER, listener.contact_address, "counter"], env=_env(**settings)
+            )
+            try:
+                comm = await asyncio.wait_for(accepted.get(), 30)
+                assert await asyncio.wait_for(comm.read(), 30) == provider
+                yield comm
+                await comm.close()
+            finally:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 @pytest.mark.parametrize("settings, provider", PEERS)
 @gen_test(timeout=120)
 async def test_a_writer_that_never_yields_loses_no_message(settings, provider):
@@ -163,27 +189,34 @@ async def test_a_writer_that_never_yields_loses_no_message(settings, provider):
     (Over ofi the writer's completions went unread, libfabric answered
     "retry" to every send and the peer was lost as unreachable.)"""
     count = 40_000
-    accepted: asyncio.Queue = asyncio.Queue()
-    config = {**_config(settings), "distributed.comm.lci.ofi.unreachable-after": "0.3s"}
-    with dask.config.set(config):
-        async with listen("lci://127.0.0.1:0", accepted.put) as listener:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _PEER, listener.contact_address, "counter"], env=_env(**settings)
-            )
-            try:
-                comm = await asyncio.wait_for(accepted.get(), 30)
-                assert await asyncio.wait_for(comm.read(), 30) == provider
-                start = time.monotonic()
-                for i in range(count):
-                    await comm.write({"op": "flood", "i": i})
-                writing = time.monotonic() - start
-                await comm.write("end")
-                assert await asyncio.wait_for(comm.read(), 60) == count
-                assert writing > 0.3, f"{count} writes took {writing:.2f} s: too few to test the limit"
-                await comm.close()
-            finally:
-                proc.kill()
-                proc.wait(timeout=10)
+    limit = {"distributed.comm.lci.ofi.unreachable-after": "0.3s"}
+    async with _counting_peer(settings, provider, limit) as comm:
+        start = time.monotonic()
+        for i in range(count):
+            await comm.write({"op": "flood", "i": i})
+        writing = time.monotonic() - start
+        await comm.write("end")
+        assert await asyncio.wait_for(comm.read(), 60) == count
+        assert writing > 0.3, f"{count} writes took {writing:.2f} s: too few to test the limit"
+
+
+@pytest.mark.parametrize("settings, provider", PEERS)
+@gen_test(timeout=120)
+async def test_a_peer_that_holds_its_event_loop_is_not_lost(settings, provider):
+    """The peer holds its event loop for 4 s, longer than ofi may refuse a
+    peer it never reached, while we write to it: it counts every message
+    once it reads again, as a busy peer over tcp:// does."""
+    async with _counting_peer(settings, provider, {}) as comm:
+        await comm.write("hold")
+        sent = 0
+        start = time.monotonic()
+        while time.monotonic() - start < 5:
+            for _ in range(100):
+                await comm.write({"op": "flood", "i": sent, "pad": bytes(1000)})
+                sent += 1
+            await asyncio.sleep(0)
+        await comm.write("end")
+        assert await asyncio.wait_for(comm.read(), 60) == sent
 
 
 def _payload(seed: int, size: int) -> np.ndarray:
