@@ -120,6 +120,10 @@ VARIANTS = (
     Variant.of("poll-100us", {"shm.poll-window": "100us"}),
     Variant.of("poll-500us", {"shm.poll-window": "500us"}),
     Variant.of("poll-2ms", {"shm.poll-window": "2ms"}),
+    # Large shm frames without the pool: read from the sender's memory, or
+    # (rendezvous-bytes 0) copied through the ring.
+    Variant.of("shm-reads", {"shm.pool-size": 0}),
+    Variant.of("shm-ring", {"shm.pool-size": 0, "shm.rendezvous-bytes": 0}),
     # Shared memory against tcp alone on one host (tcp always carries the
     # greeting); one of the two restates the shipped default.  UCX needs the
     # ucx extra (ucxx).

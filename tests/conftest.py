@@ -51,7 +51,7 @@ class Endpoint:
             self.device = ShmDevice(
                 transport, options, device_kwargs.pop("poll_window", 0.0),
                 releaser(release_after) if release_after else None,
-                device_kwargs.pop("budget", None),
+                device_kwargs.pop("budget", None), device_kwargs.pop("rendezvous_bytes", 0),
             )
         elif transport is not None:
             self.device = TcpDevice(transport, options)
@@ -102,7 +102,8 @@ def endpoint_pair():
     @contextlib.contextmanager
     def make(mode="loop", sndbuf=None, provider="tcp", pool=None, **kwargs):
         """With ``provider="shm"``, ``sndbuf`` is the ring size and large
-        frames go through the ring unless a ``pool`` is given explicitly;
+        frames go through the ring unless a ``pool`` is given explicitly (or
+        are read from the sender from ``rendezvous_bytes`` on);
         with a message fabric (``"ucx"``, ``"ofi"``, ``"memory"``) it has no effect."""
         loop = asyncio.get_running_loop()
         if provider == "shm":
@@ -118,7 +119,8 @@ def endpoint_pair():
         if provider == "shm":
             if pool is None:
                 pool = 0 if sndbuf else 64 << 20
-            transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64))
+            transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64),
+                                   reads=bool(kwargs.get("rendezvous_bytes")))
         elif provider in _FABRIC_DEVICES:
             transports = [None, None]
         made = []
@@ -154,9 +156,10 @@ def bare_end():
         end.close()
 
 
-def shm_links(socks, layout):
+def shm_links(socks, layout, reads=False):
     """Two ends of a shared-memory device in one process: each end receives
-    in a segment of its own and writes into a second mapping of the other's."""
+    in a segment of its own and writes into a second mapping of the other's;
+    with ``reads``, each reads the other's lent frames (from this process)."""
     segments = [shm_segment.create(layout) for _ in socks]
     regions = [region for _, region in segments]
     peers = [shm_segment.attach(fd, layout) for fd, _ in segments]
@@ -166,6 +169,7 @@ def shm_links(socks, layout):
         region.store(shm_segment.ASLEEP, 1)
     names = ["lci://a:1", "lci://b:2"]
     return [
-        ShmLink(socks[i], peers[1 - i], layout, regions[i], layout, names[i], names[1 - i])
+        ShmLink(socks[i], peers[1 - i], layout, regions[i], layout, names[i], names[1 - i],
+                os.getpid(), reads, reads)
         for i in range(2)
     ]

@@ -229,7 +229,7 @@ class Device(ABC):
         back in a :class:`SendDone` completion once ``unit`` has been sent,
         or in :class:`DeviceLost` if it never will be.
         """
-        self._place(unit)
+        token = self._place(unit, token)
         with self._lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
@@ -239,7 +239,7 @@ class Device(ABC):
         """:meth:`put`, then :meth:`flush`, under one hold of the lock (LCI's
         post): the fabric is tried at once, and the send queue keeps only what
         it did not take."""
-        self._place(unit)
+        token = self._place(unit, token)
         with self._lock:
             if self._lost is not None or self._finishing:
                 raise DeviceClosed(self._lost or "device is closing")
@@ -258,10 +258,12 @@ class Device(ABC):
         if not done:
             self._want_write(self)
 
-    def _place(self, unit: Unit) -> None:
+    def _place(self, unit: Unit, token: Any) -> Any:
         """Before ``unit`` is queued: a fabric with memory the peer granted
-        writes its bulk groups there now (see :meth:`OutgoingParcel.place`)."""
-        return None
+        writes its bulk groups there now (see :meth:`OutgoingParcel.place`);
+        the token to queue with ``unit`` (the provider's own, if the unit's
+        send completes later than the fabric takes it)."""
+        return token
 
     def flush(self) -> bool:
         """Send what is queued, on the calling thread, as far as the fabric

@@ -11,7 +11,9 @@ sleeps; the same socket tells each side that the other is gone. A peer
 proves that it shares our host in the handshake (:mod:`.shm_handshake`).
 What the senders of a process lend and write counts against one budget
 (:mod:`.shm_budget`), and what they no longer use goes back to the OS
-(:mod:`.shm_release`).
+(:mod:`.shm_release`). A large frame that finds no pool block is read by the
+receiver from the sender's own memory where the kernel allows it
+(:mod:`.shm_reads`), else it goes through the ring.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import dask.config
 
 from dask_lcicomm.config import Settings
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import Device, DeviceOptions, connect_timeout
+from dask_lcicomm.providers.base import Device, DeviceOptions, SendDone, connect_timeout
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.sockets import accept_handshakes, shut_socket
@@ -46,6 +48,7 @@ from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
 from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
 from dask_lcicomm.providers.shm_options import SECTION, ShmOptions
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
+from dask_lcicomm.providers.shm_reads import READ_HANDLE, Lender, Loan, LoanCompletions, read
 from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
 from dask_lcicomm.providers.shm_ring import RingReader, RingWriter
 from dask_lcicomm.providers.shm_segment import Layout, round_up
@@ -78,12 +81,21 @@ class ShmDevice(Device):
         poll_window: float = 0.0,
         releaser: MemoryReleaser | None = None,
         budget: SharedMemoryBudget | None = None,
+        rendezvous_bytes: int = 0,
     ) -> None:
         super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
         self._fd = link.sock.fileno()
         self._shared: _Shared | None = _Shared(link, budget)
         self._budget = budget
+        self._peer_pid = link.peer_pid
+        self._reads = link.reads
+        # The smallest group lent to the peer for reading (0: none).
+        self._lend_from = rendezvous_bytes if link.peer_reads else 0
+        # Where the writes of lent groups complete once read.
+        self._sink = self.completion
+        if self._lend_from:
+            self.completion = LoanCompletions(self._sink, self._lender)
         self._peer_gone = False
         self._poll_window = poll_window
         # Until when the receiving side polls the ring instead of sleeping.
@@ -138,29 +150,45 @@ class ShmDevice(Device):
                 self._budget.give(self)
             return not sent and shared.pool.settled
 
-    def _place(self, unit: Unit) -> None:
+    def _place(self, unit: Unit, token: Any) -> Any:
         """Write each bulk group of a parcel (the frames that will share one
         buffer at the receiver) into a pool block of its own now, where one
         is free; the parcel then carries only where they lie, and releasing
         one group's objects at the receiver frees that block alone. Whatever
         thread later publishes the parcel in the ring does so under the
         device lock, after these writes, so the ring's release store covers
-        them."""
+        them. A large group that finds no block is lent for reading, and the
+        write then completes once it is read."""
         shared = self._shared
         if type(unit) is not OutgoingParcel or not unit.has_bulk or shared is None or self.lost:
-            return
+            return token
         parcel = unit
         self._sending()
+        loan = None
         for group, views in enumerate(parcel.bulk_groups):
-            spot = shared.pool.allocate(sum(view.nbytes for view in views))
+            nbytes = sum(view.nbytes for view in views)
+            spot = shared.pool.allocate(nbytes)
             if spot is None:
-                return
+                if not self._lend_from or nbytes < self._lend_from:
+                    break
+                if loan is None and token is not None:
+                    loan = Loan(token)
+                lent = shared.lender.lend(views, loan)
+                if lent is None:
+                    break
+                parcel.place(group, *lent)
+                continue
             block, offset = spot
             position = shared.tx_layout.pool_offset + offset
             for view in views:
                 shared.tx.write(position, view)
                 position += view.nbytes
             parcel.place(group, block, offset)
+        return loan if loan is not None and loan.unread else token
+
+    def _lender(self) -> Lender | None:
+        shared = self._shared
+        return None if shared is None else shared.lender
 
     def _lend(self, block: int, offset: int, nbytes: int) -> memoryview:
         """The placed frames, as a buffer whose release returns ``block``."""
@@ -168,11 +196,25 @@ class ShmDevice(Device):
         if shared is None:
             raise ProtocolError("placed frames after the device was released")
         layout = shared.rx_layout
+        if block & READ_HANDLE:
+            return self._read(shared, block ^ READ_HANDLE, offset, nbytes)
         if block >= layout.blocks or offset % ALIGN or offset + nbytes > layout.pool_bytes:
             raise ProtocolError(
                 f"placed frames in block {block} at {offset}+{nbytes} lie outside the pool"
             )
         return memoryview(shared.rx.lease(layout.pool_offset + offset, nbytes, layout.flag(block)))
+
+    def _read(self, shared: _Shared, block: int, at: int, nbytes: int) -> memoryview:
+        """Frames lent at address ``at`` of the peer, read into our memory;
+        ``block`` goes back to the peer at once, with a doorbell."""
+        if not self._reads:
+            raise ProtocolError("the peer lent frames for reading, which we did not offer")
+        if block >= shared.rx_layout.blocks:
+            raise ProtocolError(f"frames lent under handle {block}, beyond the segment's blocks")
+        view = read(self._peer_pid, at, nbytes)
+        shared.rx.store(shared.rx_layout.flag(block), 1)
+        self._ring()
+        return view
 
     def on_readable(self) -> bool:
         shared = self._shared
@@ -180,6 +222,9 @@ class ShmDevice(Device):
             return False
         self._take_doorbell()
         shared.reader.woken()
+        if shared.lender:
+            for token in shared.lender.collect():
+                self._sink.push((self, SendDone(token)))
         self.resume_blocked_sends()
         return super().on_readable()
 
@@ -270,6 +315,7 @@ class ShmDevice(Device):
         shared, self._shared = self._shared, None
         if shared is not None:
             shared.pool.close()
+            shared.lender.close()
         if self._budget is not None:
             self._budget.give(self)
         self._sock.close()
@@ -286,13 +332,15 @@ class _Shared:
         self.reader = RingReader(link.rx, link.rx_layout)
         self.writer = RingWriter(link.tx, link.tx_layout)
         tx, flag = link.tx, link.tx_layout.flag
+        returned = lambda block: tx.load(flag(block)) == 1  # noqa: E731
         self.pool = PoolAllocator(
             link.tx_layout.pool_bytes,
             link.tx_layout.blocks,
-            returned=lambda block: tx.load(flag(block)) == 1,
+            returned=returned,
             claim=lambda block: tx.store(flag(block), 0),
             budget=budget,
         )
+        self.lender = Lender(self.pool.take_handle, self.pool.give_handle, returned)
 
 
 class ShmProvider(Provider):
@@ -318,7 +366,7 @@ class ShmProvider(Provider):
         timeout = connect_timeout()
 
         async def handshake(conn: socket.socket) -> Device:
-            link = await accept(conn, layout, timeout)
+            link = await accept(conn, layout, timeout, reads=shm.rendezvous_bytes > 0)
             return _device(link, options, settings, shm)
 
         close = accept_handshakes(sock, handshake, accepted, name)
@@ -331,6 +379,7 @@ class ShmProvider(Provider):
         link = await connect(
             peer.offer, peer.pid, _layout(shm),
             peer.local_address, peer.peer_address, connect_timeout(),
+            reads=shm.rendezvous_bytes > 0,
         )
         return _device(link, options, settings, shm)
 
@@ -339,7 +388,8 @@ def _device(link: ShmLink, options: DeviceOptions, settings: Settings, shm: ShmO
     """A device as configured: the event loop's releaser unless idle memory
     is kept, and the process's budget."""
     release = releaser(shm.release_after) if shm.release_after else None
-    return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget))
+    return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget),
+                     shm.rendezvous_bytes)
 
 
 def _layout(shm: ShmOptions) -> Layout:

@@ -6,8 +6,9 @@ process's shared memory would grow with its number of peers and with how
 long its peers keep its frames. So the senders of one process share one
 budget (``distributed.comm.lci.shm.budget``): a large frame goes into a pool
 block only while the blocks lent and the rings written since they were last
-given back stay within it; otherwise it travels through the ring and the
-receiver copies it into private memory, as ``tcp://`` receives it.
+given back stay within it; otherwise the receiver reads it from the
+sender's memory (:mod:`.shm_reads`) or it travels through the ring, and
+either way it lands in private memory, as ``tcp://`` receives it.
 
 A ring is charged whole while its device has sent since memory was last
 given back (see :mod:`.shm_release`), and it is never refused: the ring is

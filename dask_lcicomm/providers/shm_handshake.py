@@ -6,13 +6,15 @@ it, checks with ``SO_PEERCRED`` that the process there is the one that
 greeted it and runs as our user, and the two exchange segments with
 ``SCM_RIGHTS``; mapping them proves that the memory is shared. Any failure on
 the way means "not the same host" (:class:`ProviderUnavailable`) and the
-channel stays on TCP, with the reason logged.
+channel stays on TCP, with the reason logged. Each grant also says whether
+its sender can read the other's memory (:mod:`.shm_reads`), when asked to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import struct
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dask_lcicomm.providers.registry import ProviderUnavailable
+from dask_lcicomm.providers.shm_reads import unreadable
 from dask_lcicomm.providers.shm_segment import ASLEEP, Layout, SegmentError, attach, create
+
+logger = logging.getLogger(__name__)
 
 _SETUP_BYTES = 4096
 _MAX_ADDRESS = 512
@@ -38,6 +43,11 @@ class ShmLink:
     rx_layout: Layout
     local_address: str
     peer_address: str
+    peer_pid: int
+    #: We can read the peer's memory, and told it so.
+    reads: bool = False
+    #: The peer can read ours: large groups may be lent to it.
+    peer_reads: bool = False
 
 
 def listen(backlog: int) -> tuple[socket.socket, str]:
@@ -55,14 +65,16 @@ def listen(backlog: int) -> tuple[socket.socket, str]:
 
 
 async def connect(
-    name: str, peer_pid: Any, layout: Layout, local_address: str, peer_address: str, timeout: float
+    name: str, peer_pid: Any, layout: Layout, local_address: str, peer_address: str,
+    timeout: float, reads: bool = False,
 ) -> ShmLink:
-    """Attach to the listener that advertised ``name`` in its greeting."""
+    """Attach to the listener that advertised ``name`` in its greeting;
+    offer to read its memory if ``reads`` and the kernel allows it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     sock.setblocking(False)
     try:
         return await asyncio.wait_for(
-            _connect(sock, name, peer_pid, layout, local_address, peer_address), timeout
+            _connect(sock, name, peer_pid, layout, local_address, peer_address, reads), timeout
         )
     except (OSError, ValueError, asyncio.TimeoutError) as e:
         sock.close()
@@ -73,7 +85,8 @@ async def connect(
 
 
 async def _connect(
-    sock: socket.socket, name: str, peer_pid: Any, layout: Layout, local: str, peer: str
+    sock: socket.socket, name: str, peer_pid: Any, layout: Layout, local: str, peer: str,
+    reads: bool,
 ) -> ShmLink:
     await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
     pid = _check_peer(sock)
@@ -81,25 +94,35 @@ async def _connect(
         raise ProviderUnavailable(
             f"the shared-memory socket belongs to pid {pid}, the greeting came from {peer_pid}"
         )
-    rx = _grant(sock, layout, {"local": local, "peer": peer})
-    _, tx, tx_layout = await _receive_grant(sock)
-    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
+    reads = reads and _can_read(pid)
+    rx = _grant(sock, layout, {"local": local, "peer": peer, "reads": reads})
+    info, tx, tx_layout = await _receive_grant(sock)
+    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer, pid, reads, info.get("reads") is True)
 
 
-async def accept(sock: socket.socket, layout: Layout, timeout: float) -> ShmLink:
+async def accept(sock: socket.socket, layout: Layout, timeout: float, reads: bool = False) -> ShmLink:
     """Answer a peer that connected to our abstract socket."""
     try:
-        return await asyncio.wait_for(_accept(sock, layout), timeout)
+        return await asyncio.wait_for(_accept(sock, layout, reads), timeout)
     except (OSError, ValueError, asyncio.TimeoutError) as e:
         raise ProviderUnavailable(f"{type(e).__name__}: {e}") from e
 
 
-async def _accept(sock: socket.socket, layout: Layout) -> ShmLink:
-    _check_peer(sock)
+async def _accept(sock: socket.socket, layout: Layout, reads: bool) -> ShmLink:
+    pid = _check_peer(sock)
     info, tx, tx_layout = await _receive_grant(sock)
     local, peer = _address(info.get("peer")), _address(info.get("local"))
-    rx = _grant(sock, layout, {})
-    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer)
+    reads = reads and _can_read(pid)
+    rx = _grant(sock, layout, {"reads": reads})
+    return ShmLink(sock, tx, tx_layout, rx, layout, local, peer, pid, reads, info.get("reads") is True)
+
+
+def _can_read(pid: int) -> bool:
+    """Whether the kernel lets us read process ``pid`` (why not is logged)."""
+    reason = unreadable(pid)
+    if reason is not None:
+        logger.info("large frames from pid %d go through the ring: %s", pid, reason)
+    return reason is None
 
 
 def _address(address: object) -> str:
@@ -117,7 +140,7 @@ def _check_peer(sock: socket.socket) -> int:
     return pid
 
 
-def _grant(sock: socket.socket, layout: Layout, extra: dict[str, str]) -> Any:
+def _grant(sock: socket.socket, layout: Layout, extra: dict[str, Any]) -> Any:
     """Create our receiving segment and grant it to the peer."""
     fd, region = create(layout)
     try:

@@ -12,6 +12,7 @@ SECTION = Section("shm", {
     "pool-size": Integer(least=0, size=True),
     "pool-blocks": Integer(),
     "budget": Integer(least=0, size=True),
+    "rendezvous-bytes": Integer(least=0, size=True),
     "poll-window": Duration(),
     "release-after": Duration(),
 })
@@ -23,6 +24,7 @@ class ShmOptions:
     pool_size: int
     pool_blocks: int
     budget: int
+    rendezvous_bytes: int
     poll_window: float
     release_after: float
 

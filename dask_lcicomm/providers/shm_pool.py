@@ -16,8 +16,9 @@ to the OS.
 
 The pool is bounded, and so is what all the pools of a process lend
 together (:mod:`.shm_budget`): when no block fits, :meth:`PoolAllocator.allocate`
-returns None and the frames go through the ring instead, which always makes
-progress because the receiver empties it as it decodes, however long the
+returns None and the frames are read in place by the receiver
+(:mod:`.shm_reads`) or go through the ring, which always makes progress
+because the receiver empties it as it decodes, however long the
 deserialized objects live.
 """
 
@@ -94,6 +95,20 @@ class PoolAllocator:
         self._used[block] = (offset, size)
         self._handed_out.append((offset, size))
         return block, offset
+
+    def take_handle(self) -> int | None:
+        """A free block handle, claimed, with no pool memory (for a group
+        the receiver reads from the sender, see :mod:`.shm_reads`); None if
+        every handle is out."""
+        if not self._handles:
+            return None
+        block = self._handles.pop()
+        self._claim(block)
+        return block
+
+    def give_handle(self, block: int) -> None:
+        """A handle from :meth:`take_handle` that came back."""
+        self._handles.append(block)
 
     def close(self) -> None:
         """The segment is no longer ours: what is lent leaves the budget."""

@@ -102,10 +102,12 @@ def _env(**settings: str) -> dict[str, str]:
 
 
 #: (lci settings, the provider they choose): shm with and without its pool
-#: of blocks for large frames, and UCX alone.
+#: of blocks for large frames (without, they are read from the sender's
+#: memory, or go through the ring), and UCX alone.
 PEERS = [
     pytest.param({"shm__pool_size": "256MiB"}, "shm", id="shm-256MiB"),
     pytest.param({"shm__pool_size": "0"}, "shm", id="shm-0"),
+    pytest.param({"shm__pool_size": "0", "shm__rendezvous_bytes": "0"}, "shm", id="shm-ring"),
     needs_ucx({"providers": "[ucx]"}, "ucx", id="ucx"),
     needs_ofi({"providers": "[ofi]"}, "ofi", id="ofi"),
 ]
@@ -231,14 +233,18 @@ def _sizes(rng: np.random.Generator, n: int) -> list[int]:
     return [0, 32 * MiB, *sizes[2:]]
 
 
-@pytest.mark.parametrize("provider", ["shm", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")])
+@pytest.mark.parametrize("provider, reads", [
+    ("shm", "1MiB"), pytest.param("shm", "0", id="shm-ring"),
+    needs_ucx("ucx", "0", id="ucx"), needs_ofi("ofi", "0", id="ofi"),
+])
 @gen_test(timeout=600)
-async def test_random_traffic_under_back_pressure_arrives_intact(provider):
+async def test_random_traffic_under_back_pressure_arrives_intact(provider, reads):
     """2000 messages of 0 B .. 32 MiB on 8 comms, echoed by another process,
     with rings, pools and the write high-water mark small enough that
-    senders wait and large frames often find the pool full."""
+    senders wait and large frames often find the pool full (and are read
+    from the sender's memory, or go through the ring)."""
     small = {"shm__ring_size": "256KiB", "shm__pool_size": "8MiB", "shm__pool_blocks": "8",
-             "write_high_water": "4MiB", "providers": f"[{provider}]"}
+             "shm__rendezvous_bytes": reads, "write_high_water": "4MiB", "providers": f"[{provider}]"}
     proc = subprocess.Popen(
         [sys.executable, "-c", _ECHO], env=_env(**small), stdout=subprocess.PIPE, text=True
     )

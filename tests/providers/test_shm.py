@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 
 import dask
 import numpy as np
@@ -13,12 +14,13 @@ import pytest
 from distributed.utils_test import gen_test
 
 from dask_lcicomm.config import Settings
-from dask_lcicomm.parcel import Message, OutgoingParcel
+from dask_lcicomm.parcel import Message, OutgoingParcel, ProtocolError
 from dask_lcicomm.providers import shm
 from dask_lcicomm.providers._atomics import Lease
-from dask_lcicomm.providers.base import DeviceLost
+from dask_lcicomm.providers.base import DeviceLost, SendDone
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget
 from dask_lcicomm.providers.shm_options import ShmOptions
+from dask_lcicomm.providers.shm_reads import READ_HANDLE, address
 from dask_lcicomm.providers.shm_segment import PAGE, TAIL
 
 MiB = 1 << 20
@@ -34,6 +36,11 @@ def _parcel(seq, frames):
 
 def _lent(frame):
     return isinstance(frame.obj, Lease)
+
+
+def _done(events):
+    """The tokens of the sends completed so far."""
+    return [e.token for e in events if isinstance(e, SendDone)]
 
 
 @pytest.mark.parametrize("mode", ["loop", "thread"])
@@ -152,6 +159,95 @@ async def test_a_full_pool_sends_through_the_ring(endpoint_pair):
         assert [_lent(f) for f in got] == [True, False, False, False]
         for frame, payload in zip(got, payloads, strict=True):
             assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
+
+
+@pytest.mark.parametrize("mode", ["loop", "thread"])
+@gen_test(timeout=60)
+async def test_frames_without_a_pool_block_are_read_from_the_sender(endpoint_pair, mode):
+    """The write completes once the receiver has read the frame, which then
+    lives in the receiver's own memory; the handle comes back."""
+    with endpoint_pair(mode, provider="shm", pool=2 * MiB, rendezvous_bytes=MiB) as (a, b):
+        payloads = [np.full(3 * MiB, i, dtype=np.uint8) for i in range(3)] + [np.ones(MiB - 1, np.uint8)]
+        writes = [f"write {i}" for i in range(len(payloads))]
+        for seq, (payload, write) in enumerate(zip(payloads, writes, strict=True)):
+            a.send(1, _parcel(seq, [b"head", payload]), write)
+        await b.wait_for(lambda ev: len(_messages(ev)) == len(payloads))
+        got = [m.frames[1] for m in _messages(b.events)]
+        assert [_lent(f) for f in got] == [False, False, False, True]
+        for frame, payload in zip(got, payloads, strict=True):
+            assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
+        await a.wait_for(lambda ev: sorted(_done(ev)) == writes)
+        assert await _eventually(lambda: not a.device._shared.lender)
+
+
+@gen_test(timeout=60)
+async def test_a_write_is_not_complete_before_its_frame_is_read(endpoint_pair, monkeypatch):
+    gate = threading.Event()
+    real_read = shm.read
+
+    def held_read(*args):
+        assert gate.wait(10)
+        return real_read(*args)
+
+    monkeypatch.setattr(shm, "read", held_read)
+    with endpoint_pair("thread", provider="shm", pool=0, rendezvous_bytes=MiB) as (a, b):
+        payload = np.full(4 * MiB, 7, dtype=np.uint8)
+        a.send(1, _parcel(0, [payload]), "write")
+        await asyncio.sleep(0.3)
+        assert not a.device.queued_bytes, "the parcel itself is sent"
+        a.completion.flush()  # what sending completed, as the parcelport's flush shows it
+        await asyncio.sleep(0.05)
+        assert _done(a.events) == []
+        gate.set()
+        await a.wait_for(lambda ev: _done(ev) == ["write"])
+        await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+        assert np.array_equal(np.frombuffer(_messages(b.events)[0].frames[0], np.uint8), payload)
+
+
+@gen_test(timeout=60)
+async def test_a_receiver_that_cannot_read_fails_the_write(endpoint_pair, monkeypatch, caplog):
+    def failed_read(pid, at, nbytes):
+        raise ProtocolError(f"cannot read the {nbytes} bytes the peer lent at {at:#x}: gone")
+
+    monkeypatch.setattr(shm, "read", failed_read)
+    with endpoint_pair("loop", provider="shm", pool=0, rendezvous_bytes=MiB) as (a, b):
+        with caplog.at_level(logging.WARNING, "dask_lcicomm"):
+            a.send(1, _parcel(0, [np.ones(2 * MiB, dtype=np.uint8)]), "write")
+            await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+            await a.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+        assert "cannot read the 2097152 bytes" in caplog.text
+        lost = next(e for e in a.events if isinstance(e, DeviceLost))
+        assert lost.tokens == ["write"]
+        assert _done(a.events) == []
+
+
+@pytest.mark.parametrize("block, at, reads, reason", [
+    (READ_HANDLE, 0, True, "cannot read the 1048576 bytes the peer lent at 0x0"),
+    (READ_HANDLE | 64, None, True, "beyond the segment's blocks"),
+    (READ_HANDLE, None, False, "which we did not offer"),
+])
+@gen_test(timeout=60)
+async def test_frames_lent_where_they_cannot_be_read_close_the_device(
+    endpoint_pair, caplog, monkeypatch, block, at, reads, reason
+):
+    data = np.ones(MiB, dtype=np.uint8)
+    with endpoint_pair("loop", provider="shm", pool=0, rendezvous_bytes=MiB) as (a, b):
+        b.device._reads = reads
+        parcel = _parcel(0, [data])
+        parcel.place(0, block, address([memoryview(data)]) if at is None else at)
+        lost = await _sent_as_placed(a, b, parcel, monkeypatch, caplog)
+        assert reason in lost.reason and lost.violation
+        assert reason in caplog.text
+
+
+async def _sent_as_placed(a, b, parcel, monkeypatch, caplog):
+    """Send ``parcel`` with the placements it has (none added); how ``b`` lost the device."""
+    monkeypatch.setattr(a.device, "_place", lambda unit, token: token)
+    with caplog.at_level(logging.WARNING, "dask_lcicomm"):
+        a.device.put(1, parcel)
+        a.device.flush()
+        await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
+    return next(e for e in b.events if isinstance(e, DeviceLost))
 
 
 #: Resident bytes a look may leave over what the test expects: the pages
@@ -368,12 +464,7 @@ async def test_placement_outside_the_pool_closes_the_device(
     with endpoint_pair("loop", provider="shm", pool=8 * MiB) as (a, b):
         parcel = _parcel(0, [bytes(MiB)])
         parcel.place(0, block, offset)
-        monkeypatch.setattr(a.device, "_place", lambda unit: None)  # as placed, not placed again
-        with caplog.at_level(logging.WARNING, "dask_lcicomm"):
-            a.device.put(1, parcel)
-            a.device.flush()
-            await b.wait_for(lambda ev: any(isinstance(e, DeviceLost) for e in ev))
-        lost = next(e for e in b.events if isinstance(e, DeviceLost))
+        lost = await _sent_as_placed(a, b, parcel, monkeypatch, caplog)
         assert "lie outside the pool" in lost.reason
         assert "lie outside the pool" in caplog.text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 
@@ -22,7 +23,8 @@ LAYOUT = Layout(PAGE, 4 * PAGE, 8)
 class Listening:
     """An abstract socket whose accepted connections run ``shm_handshake.accept``."""
 
-    def __init__(self):
+    def __init__(self, reads=False):
+        self.reads = reads
         self.sock, self.name = shm_handshake.listen(8)
         self.results: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -37,7 +39,7 @@ class Listening:
 
     async def _answer(self, conn):
         try:
-            await self.results.put(await shm_handshake.accept(conn, LAYOUT, 5))
+            await self.results.put(await shm_handshake.accept(conn, LAYOUT, 5, self.reads))
         except ProviderUnavailable as e:
             conn.close()
             await self.results.put(e)
@@ -62,6 +64,39 @@ async def test_handshake_links_two_ends_that_share_memory():
             link.sock.close()
     finally:
         listening.close()
+
+
+async def _linked(near_reads, far_reads):
+    """Both ends of a handshake in this process, each offering reads or not."""
+    listening = Listening(far_reads)
+    try:
+        near = await shm_handshake.connect(
+            listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5, near_reads
+        )
+        far = await listening.results.get()
+    finally:
+        listening.close()
+    for link in (near, far):
+        link.sock.close()
+        assert link.peer_pid == os.getpid()
+    return near, far
+
+
+@pytest.mark.parametrize("near_reads, far_reads", [(True, True), (True, False), (False, True)])
+@gen_test(timeout=30)
+async def test_each_end_says_whether_it_reads_the_other(near_reads, far_reads):
+    near, far = await _linked(near_reads, far_reads)
+    assert (near.reads, near.peer_reads) == (near_reads, far_reads)
+    assert (far.reads, far.peer_reads) == (far_reads, near_reads)
+
+
+@gen_test(timeout=30)
+async def test_an_end_the_kernel_does_not_let_read_its_peer_offers_no_reads(monkeypatch, caplog):
+    monkeypatch.setattr(shm_handshake, "unreadable", lambda pid: "process_vm_readv: Operation not permitted")
+    with caplog.at_level(logging.INFO, "dask_lcicomm"):
+        near, far = await _linked(True, True)
+    assert not (near.reads or near.peer_reads or far.reads or far.peer_reads)
+    assert "go through the ring: process_vm_readv: Operation not permitted" in caplog.text
 
 
 @gen_test(timeout=30)
