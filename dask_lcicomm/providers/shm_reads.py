@@ -86,8 +86,10 @@ def address(views: Sequence[memoryview]) -> int | None:
 
 
 def read(pid: int, at: int, nbytes: int) -> memoryview:
-    """``nbytes`` at address ``at`` of process ``pid``, in a new buffer
-    (:class:`ProtocolError` if the peer lent what we cannot read)."""
+    """``nbytes`` at address ``at`` of process ``pid``, in a new buffer.
+
+    :class:`ProcessLookupError` if the peer is gone, :class:`ProtocolError`
+    if it lent what we cannot read."""
     assert _readv is not None
     buffer = np.empty(nbytes, dtype=np.uint8)
     base, done = buffer.ctypes.data, 0
@@ -95,7 +97,10 @@ def read(pid: int, at: int, nbytes: int) -> memoryview:
         local, remote = _Iovec(base + done, nbytes - done), _Iovec(at + done, nbytes - done)
         n = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if n <= 0:
-            reason = os.strerror(ctypes.get_errno()) if n < 0 else "nothing read"
+            code = ctypes.get_errno() if n < 0 else 0
+            if code == errno.ESRCH:
+                raise ProcessLookupError(code, f"the peer that lent {nbytes} bytes is gone")
+            reason = os.strerror(code) if code else "nothing read"
             raise ProtocolError(f"cannot read the {nbytes} bytes the peer lent at {at:#x}: {reason}")
         done += n
     return buffer.data

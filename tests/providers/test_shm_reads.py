@@ -28,6 +28,8 @@ def test_a_process_may_read_itself_and_not_a_process_that_is_gone():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)
     assert "No such process" in unreadable(gone.pid)
+    with pytest.raises(ProcessLookupError, match="the peer that lent 4096 bytes is gone"):
+        read(gone.pid, 0, 4096)
 
 
 def test_a_read_copies_what_lies_at_the_address():
