@@ -199,16 +199,17 @@ class LoanCompletions:
         self._lender = lender
 
     def push(self, item: tuple[Any, Any]) -> None:
-        device, event = item
+        event = item[1]
         kind = type(event)
-        lender = self._lender()
         if kind is SendDone and type(event.token) is Loan:
+            lender = self._lender()
             if lender is not None and not lender.sent(event.token):
                 return
-            item = (device, SendDone(event.token.token))
+            item = (item[0], SendDone(event.token.token))
         elif kind is DeviceLost:
+            lender = self._lender()
             tokens = [token.token if type(token) is Loan else token for token in event.tokens]
             if lender is not None:
                 tokens += lender.unfinished()
-            item = (device, DeviceLost(event.reason, tokens, event.violation))
+            item = (item[0], DeviceLost(event.reason, tokens, event.violation))
         self._sink.push(item)
