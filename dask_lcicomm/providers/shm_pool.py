@@ -79,14 +79,16 @@ class PoolAllocator:
         found = self._find(size)
         if found is None or not self._handles:
             return None
-        block = self._handles[-1]
+        # Taken in one step: a handle lent for reading comes back from the
+        # progress thread (give_handle) while we allocate.
+        block = self._handles.pop()
         # Claimed before it is lent: the budget must not see the flag of the
         # block's previous use.
         self._claim(block)
         budget = self._budget
         if budget is not None and not budget.lend((self, block), size, lambda: self._returned(block)):
+            self._handles.append(block)
             return None
-        self._handles.pop()
         index, (offset, length) = found
         if length == size:
             del self._free[index]
