@@ -1,15 +1,6 @@
-"""Code that runs inside the benchmark peer processes (server and client).
-
-Both sides speak only through the public ``distributed.comm`` API, so the very
-same code measures every scheme.  The wire contract with the parent process is
-made of :class:`BenchSpec` (what to measure) and :class:`Measurement` (raw
-count and seconds); turning those into rates happens in the parent, in one
-place (:mod:`benchmarks.comm`).
-
-Messages on the comm all have the shape ``{"op": ..., "x": to_serialize(arr)}``
-written with ``serializers=("dask", "pickle")``, i.e. what Dask itself sends
-for small task payloads.
-"""
+"""The benchmark peers (server and client processes): they speak only
+through ``distributed.comm``'s public API, so the same code measures every
+scheme, with messages shaped as Dask's own small task messages."""
 
 from __future__ import annotations
 
@@ -40,15 +31,9 @@ CONNECT_TIMEOUT_S = 20.0
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """One benchmark and its budget; sent to the client process.
-
-    Every measurement loop stops at ``max_count`` iterations or after
-    ``duration_s`` seconds, whichever comes first (but runs at least once), so
-    a slow backend yields a small sample instead of a hang.  ``timeout_s`` is
-    the hard limit for the whole benchmark, connecting and warm-up included.
-    The ``idle`` kind is not a client kernel: the parent runs it itself
-    (:mod:`benchmarks._idle`), with ``duration_s`` as its idle window.
-    """
+    """One benchmark and its budget: loops stop at ``max_count`` or after
+    ``duration_s`` (a slow backend yields a small sample, not a hang);
+    ``timeout_s`` bounds all of it.  ``idle`` runs in the parent."""
 
     name: str
     kind: str  # key of KERNELS, or "idle"
@@ -63,43 +48,28 @@ class BenchSpec:
 
 @dataclass(frozen=True)
 class Server:
-    """Where the client connects, and the lci provider every comm to it must
-    run over (None: whichever the scheme picks; see
-    :attr:`benchmarks._configurations.Configuration.provider`)."""
+    """Where the client connects, and the lci provider its comms must use."""
 
     address: str
     provider: str | None = None
 
 
 class WrongProvider(RuntimeError):
-    """A comm runs over another lci provider than the configuration pins:
-    measuring on would report the fallback's numbers under its label."""
+    """A comm runs over another lci provider than the one pinned."""
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Raw result: ``count`` operations completed in ``seconds`` wall time.
-
-    The idle benchmark counts processes instead of operations and adds the
-    ``cpu_seconds`` (user + system) they used in those ``seconds``.
-    """
+    """``count`` operations in ``seconds``; ``idle`` counts processes and
+    their ``cpu_seconds``."""
 
     count: int
     seconds: float
     cpu_seconds: float | None = None
 
-    def summary(self) -> str:
-        """The raw numbers, for the progress line."""
-        if self.cpu_seconds is None:
-            return f"{self.count} in {self.seconds:.2f} s"
-        return f"{self.cpu_seconds:.3f} CPU s by {self.count} processes in {self.seconds:.2f} s"
-
-
-# --------------------------------------------------------------------- server
-
 
 def server_main(conn: Connection, scheme: str) -> None:
-    """Process entry point: echo/sink server until the parent closes the pipe."""
+    """Echo/sink server until the parent closes the pipe."""
     ignore_sigint()
     try:
         asyncio.run(_serve(conn, scheme))
@@ -128,11 +98,8 @@ def _wait_for_stop(conn: Connection) -> None:
 
 
 async def _handle_comm(comm: Any) -> None:
-    """Serve one comm: echo ``ping``s, count ``flood`` messages.
-
-    ``flood-end`` is answered with the number of ``flood`` messages since the
-    previous ``flood-end``, which lets the client check that none were lost.
-    """
+    """Echo ``ping``s; count ``flood``s and answer ``flood-end`` with the
+    count, so that the client can check none was lost."""
     flooded = 0
     try:
         while True:
@@ -154,16 +121,9 @@ async def _handle_comm(comm: Any) -> None:
         await _close(comm)
 
 
-# --------------------------------------------------------------------- client
-
-
 def client_main(conn: Connection) -> None:
-    """Process entry point: run the benchmarks the parent sends, report each.
-
-    Sends ``("result", name, Measurement)`` or ``("failed", name, reason)`` per
-    benchmark, in order.  A failing benchmark does not stop the next one: each
-    uses its own fresh comms.
-    """
+    """Run the benchmarks the parent sends, answering ``("result", name,
+    Measurement)`` or ``("failed", name, reason)`` for each, in order."""
     run_client(conn, _run_specs)
 
 
@@ -171,8 +131,7 @@ SpecRunner = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any,
 
 
 def run_client(conn: Connection, run_specs: SpecRunner) -> None:
-    """A client process's body: wait for the :class:`Server` and the specs,
-    then ``run_specs`` them on a fresh event loop."""
+    """Wait for the :class:`Server` and the specs; run them on a fresh loop."""
     ignore_sigint()
     try:
         server, specs = conn.recv()
@@ -216,9 +175,7 @@ def make_message(op: str, payload: np.ndarray) -> dict[str, Any]:
 
 @asynccontextmanager
 async def connected_many(server: Server, n: int) -> AsyncIterator[list[Any]]:
-    """``n`` comms to ``server``, opened one after the other (connecting is
-    not what is measured), each checked to run over the server's provider;
-    all closed on exit."""
+    """``n`` comms to ``server``, each checked to run over its provider."""
     comms: list[Any] = []
     try:
         for _ in range(n):
@@ -230,8 +187,6 @@ async def connected_many(server: Server, n: int) -> AsyncIterator[list[Any]]:
 
 
 def check_provider(comm: Any, wanted: str | None) -> None:
-    """Raise :class:`WrongProvider` unless ``comm`` runs over ``wanted`` (if
-    given), as its ``extra_info`` says."""
     got = comm.extra_info.get("provider")
     if wanted is not None and got != wanted:
         raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
@@ -239,7 +194,6 @@ def check_provider(comm: Any, wanted: str | None) -> None:
 
 
 async def _close(comm: Any) -> None:
-    """Close ``comm``, ignoring errors: the peer may already be gone."""
     try:
         await comm.close()
     except Exception:
@@ -271,8 +225,6 @@ async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measur
 
 
 async def pingpong(server: Server, spec: BenchSpec) -> Measurement:
-    """Sequential round trips of one message on one comm (latency-bound for
-    small payloads, bandwidth-bound for large ones)."""
     msg = make_message("ping", make_payload(spec.payload_bytes))
     async with connected_many(server, 1) as (comm,):
         await warm_up(comm, msg, spec.warmup)
@@ -280,9 +232,8 @@ async def pingpong(server: Server, spec: BenchSpec) -> Measurement:
 
 
 async def flood(server: Server, spec: BenchSpec) -> Measurement:
-    """Back-to-back one-way writes on ``spec.comms`` comms at once, timed from
-    the first write until the server acknowledged every comm's last message,
-    so buffered-but-undelivered messages cannot inflate the rate."""
+    """One-way writes on ``spec.comms`` comms at once, timed until the server
+    confirmed every message: buffered ones cannot inflate the rate."""
     payload = make_payload(spec.payload_bytes)
     async with connected_many(server, spec.comms) as comms:
         await asyncio.gather(*(warm_up(c, make_message("ping", payload), spec.warmup)
@@ -309,21 +260,15 @@ async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: f
 
 
 async def nchains(server: Server, spec: BenchSpec) -> Measurement:
-    """``spec.comms`` comms doing round trips concurrently: latency under
-    load, stressing per-comm overhead and the backend's progress engine."""
+    """``spec.comms`` comms doing round trips at once: latency under load."""
     msg = make_message("ping", make_payload(spec.payload_bytes))
     async with connected_many(server, spec.comms) as comms:
         await asyncio.gather(*(warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
         start = perf_counter()
         deadline = start + spec.duration_s
-        counts = await asyncio.gather(
-            *(ping(c, msg, spec.max_count, deadline) for c in comms)
-        )
+        counts = await asyncio.gather(*(ping(c, msg, spec.max_count, deadline) for c in comms))
         return Measurement(sum(counts), perf_counter() - start)
 
 
 KERNELS: dict[str, Callable[[Server, BenchSpec], Awaitable[Measurement]]] = {
-    "pingpong": pingpong,
-    "flood": flood,
-    "nchains": nchains,
-}
+    "pingpong": pingpong, "flood": flood, "nchains": nchains}

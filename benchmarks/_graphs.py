@@ -1,14 +1,6 @@
-"""The Dask graphs of ``python -m benchmarks dask``: what runs, and is timed,
-inside the cluster child (see :mod:`benchmarks._cluster`).
-
-Each ``measure_*`` takes the child's ``Client`` and a :class:`GraphSpec` and
-returns a :class:`~benchmarks._comm_peers.Measurement` of the timed part
-only.  Data that only has to exist before the timed part (the arrays to move
-or rechunk, the frame to shuffle) is made untimed, and big movements go piece
-by piece, each piece released before the next, to keep the peak memory at a
-few pieces.  Every graph checks its result: a wrong one must not pass for a
-fast one.
-"""
+"""The graphs of ``python -m benchmarks dask``, run in the cluster child:
+each times only its own part (data it merely needs is made untimed), moves
+big data piece by piece, and checks its result."""
 
 from __future__ import annotations
 
@@ -30,13 +22,7 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """One graph at one size; sent to the cluster child, recorded in the JSON.
-
-    ``size`` is the whole amount and ``piece`` what it is cut into, in the
-    graph's own unit: bytes (move, gather), matrix side and chunk side
-    (array, rechunk), leaves and fan-in (tree), rows and rows per partition
-    (shuffle), time steps and cells (amt).
-    """
+    """One graph at one size (see :class:`benchmarks.dask.Graph`)."""
 
     name: str
     size: int
@@ -45,7 +31,6 @@ class GraphSpec:
 
 
 def _timed(compute: Callable[[], Any]) -> float:
-    """Wall seconds ``compute()`` took; its result is dropped at once."""
     start = perf_counter()
     compute()
     return perf_counter() - start
@@ -60,12 +45,8 @@ def _random_bytes(nbytes: int) -> np.ndarray:
 
 
 def _piecewise(client: Any, spec: GraphSpec, use: Callable[[Any, Any, str], Any]) -> Measurement:
-    """Make ``spec.size`` bytes on the first worker piece by piece (untimed)
-    and time ``use(client, future, other_worker)`` on each piece.
-
-    Each piece is released before the next one is made: with 256 MiB pieces
-    the copies alive at any time (maker, receiver, frames) stay around 1 GiB.
-    """
+    """Time ``use(client, piece, other_worker)`` on each piece made on the
+    first worker, released before the next (256 MiB pieces: ~1 GiB alive)."""
     source, other = workers(client)[:2]
     count, seconds = 0, 0.0
     for _ in range(spec.size // spec.piece):
@@ -79,13 +60,11 @@ def _piecewise(client: Any, spec: GraphSpec, use: Callable[[Any, Any, str], Any]
 
 
 def _sum_on(client: Any, piece: Any, worker: str) -> Any:
-    """``np.sum`` of ``piece`` on ``worker`` only: the piece has to travel."""
     return client.submit(np.sum, piece, workers=[worker], allow_other_workers=False,
                          pure=False).result()
 
 
 def _gather(client: Any, piece: Any, worker: str) -> Any:
-    """The piece itself, in the client."""
     return client.gather(piece)
 
 
@@ -133,12 +112,8 @@ def _random_frame(seed: int, rows: int) -> Any:
 
 
 def measure_shuffle(client: Any, spec: GraphSpec) -> Measurement:
-    """Shuffle a persisted frame of pandas partitions on ``key`` with Dask's
-    default method (P2P on a cluster), then count rows per partition.
-
-    Not ``len(shuffled)``: Dask's optimizer knows a shuffle keeps the length
-    and would skip it.
-    """
+    """Shuffle on ``key`` (P2P on a cluster) and count rows per partition:
+    ``len`` alone would be optimised into skipping the shuffle."""
     import dask.dataframe as dd
 
     _quiet_shuffle_log()
@@ -150,8 +125,7 @@ def measure_shuffle(client: Any, spec: GraphSpec) -> Measurement:
 
 
 def _quiet_shuffle_log() -> None:
-    """The scheduler (in this process) logs a WARNING for every P2P shuffle
-    started and finished: routine here, and it would drown the progress lines."""
+    """The scheduler here logs a WARNING per P2P shuffle: routine, and noise."""
     logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)
 
 
@@ -162,10 +136,7 @@ def _check(got: Any, expected: Any) -> None:
 
 
 def measure_rechunk(client: Any, spec: GraphSpec, method: str) -> Measurement:
-    """Rechunk a persisted ``size`` x ``size`` float64 array from column
-    blocks (``size`` x ``piece``) to row blocks (``piece`` x ``size``) with
-    ``method`` ("tasks" or "p2p"): all-to-all, about half of it between the
-    workers.  Timed until the row blocks are all in memory."""
+    """Column blocks to row blocks: all-to-all, half of it between workers."""
     import dask.array as da
 
     _quiet_shuffle_log()
@@ -197,12 +168,9 @@ def _stencil(left: np.ndarray, middle: np.ndarray, right: np.ndarray) -> np.ndar
 
 
 def measure_amt(client: Any, spec: GraphSpec) -> Measurement:
-    """A 1-D stencil as AMT runtimes run it (HPX's 1d_stencil): ``piece``
-    cells on a ring for ``size`` steps, each step of each cell a task of its
-    own that needs its two neighbours' previous step.  Cell ``i`` is pinned
-    to worker ``i % 2``, so every dependency crosses workers: thousands of
-    tiny tasks submitted as they are made, and as many small transfers.
-    Timed from the first submission until the last step is in the client."""
+    """HPX's 1d_stencil: ``piece`` cells on a ring for ``size`` steps, a task
+    per cell and step, cell ``i`` on worker ``i % 2``: every dependency
+    crosses workers."""
     steps, cells = spec.size, spec.piece
     pinned = workers(client)
 
@@ -222,7 +190,6 @@ def measure_amt(client: Any, spec: GraphSpec) -> Measurement:
 
 
 def _stencil_reference(steps: int, cells: int) -> np.ndarray:
-    """What :func:`measure_amt` must end with, computed here in one array."""
     grid = np.stack([_cell(i) for i in range(cells)])
     for _ in range(steps):
         grid = _stencil(np.roll(grid, 1, axis=0), grid, np.roll(grid, -1, axis=0))

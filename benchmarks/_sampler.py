@@ -1,5 +1,5 @@
-"""A thread that samples while a ``with`` block runs: the memory benchmarks'
-way of seeing peaks that a reading before and after would miss."""
+"""A thread that samples while a ``with`` block runs: it sees the peaks that a
+reading before and after would miss."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from collections.abc import Callable
 
 
 class Sampler:
-    """``(time, *measure())`` every ``interval_s`` on a thread of its own, from
-    entering the ``with`` block to leaving it (a last sample then)."""
+    """``(time, *measure())`` every ``interval_s`` in the ``with`` block, and once on leaving it."""
 
     def __init__(self, measure: Callable[[], tuple[int, ...]], interval_s: float) -> None:
-        self.measure = measure
-        self.interval_s = interval_s
+        self.measure, self.interval_s = measure, interval_s
         self.samples: list[tuple[float, ...]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
@@ -32,12 +30,11 @@ class Sampler:
         self.samples.append((time.monotonic(), *self.measure()))
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        self._sample()
+        while not self._stop.wait(self.interval_s):
             self._sample()
-            self._stop.wait(self.interval_s)
 
     def peak(self, start: float = 0.0, end: float = float("inf")) -> tuple[int, ...]:
-        """The largest of each measured value between ``start`` and ``end``
-        (monotonic seconds), or the last sample if none lies between."""
+        """Each value's largest sample between ``start`` and ``end`` (monotonic), else the last."""
         window = [s[1:] for s in self.samples if start <= s[0] <= end] or [self.samples[-1][1:]]
         return tuple(max(column) for column in zip(*window, strict=True))

@@ -1,15 +1,7 @@
-"""The emulated cluster of ``python -m benchmarks asap`` and ``workloads``: a
-scheduler and N single-threaded workers started as processes, ``per_host``
-workers on each simulated host when network namespaces can be made (root and
-iproute2), else all on loopback.
-
-On simulated hosts (:mod:`dask_lcicomm.testing.netns`, shared with the
-multi-host tests) every worker has its own address on a private bridge and
-its egress limited by ``tc tbf``; the scheduler listens in the root namespace
-on the bridge's address. Everything started here is stopped, and every
-namespace removed, when the ``with`` block ends, whether it ends normally, by
-an error, or by KeyboardInterrupt.
-"""
+"""The emulated cluster of ``python -m benchmarks asap`` and ``workloads``: a scheduler and
+single-threaded workers as processes, ``per_host`` workers on each simulated host
+(:mod:`dask_lcicomm.testing.netns`) when namespaces can be made, else all on loopback.
+Everything started is stopped, and every namespace removed, however the ``with`` block ends."""
 
 from __future__ import annotations
 
@@ -20,27 +12,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import dask
+import psutil
 
 from dask_lcicomm.testing.netns import Host, gateway_address, unavailable, virtual_hosts
 
 #: A subnet of its own, so that a multi-host test running meanwhile cannot collide.
 SUBNET = "10.214.0.0/24"
-STARTUP_S = 90.0
-#: More per worker: 32 of them importing Dask on two cores took 45 s here.
-STARTUP_PER_WORKER_S = 3.0
-STOP_S = 10.0
-#: UCX leaves bridge devices out of its TCP transport unless told otherwise, and
-#: the root namespace (the scheduler's, and the client's where one runs there)
-#: reaches the simulated hosts only through the bridge: without this, a ucxx
-#: client there failed every connection with "Destination is unreachable".
-#: Set for every process started while a testbed on namespaces is up, unless
-#: the environment says otherwise.
+#: Seconds to start, more per worker (32 importing Dask on two cores took 45 s), and to stop.
+STARTUP_S, STARTUP_PER_WORKER_S, STOP_S = 90.0, 3.0, 10.0
+#: UCX's TCP transport leaves bridges out unless told, and the root namespace (scheduler, client)
+#: reaches the hosts only over the bridge: ucxx connections failed "Destination is unreachable".
 UCX_USES_THE_BRIDGE = {"UCX_TCP_BRIDGE_ENABLE": "y"}
 #: What ASAP's workers run with: no nanny, no memory limit.
 BARE_WORKERS = ("--no-nanny", "--memory-limit", "0")
@@ -51,101 +38,68 @@ class Testbed:
     scheduler: str  # the scheduler's address
     kind: str  # what the workers run on, for the report
     workers: int
-    #: Bytes resident in the testbed's processes now (scheduler and workers).
-    rss: Callable[[], int]
+    rss: Callable[[], int]  # bytes resident in the scheduler and the workers now
 
 
-def _python_module(module: str, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", module, *args]
-
-
-class _Processes:
-    """Processes of the testbed, each in its own session, killed as a group."""
+class _Processes(dict[str, subprocess.Popen]):
+    """The testbed's processes by name, the scheduler first, each in a session of its own."""
 
     def __init__(self, logdir: Path) -> None:
+        super().__init__()
         self.logdir = logdir
-        self.started: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str], host: Host | None) -> None:
+    def start(self, name: str, module: str, args: list[str], host: Host | None = None) -> None:
+        argv = [sys.executable, "-m", module, *args]
+        # What a nanny sets for its worker (one BLAS thread): without it each worker's second
+        # OpenBLAS thread spun between products (32 workers, 220 asap rounds: 139 s, not 41 s).
+        spawn = dask.config.get("distributed.nanny.pre-spawn-environ")
+        env = {**os.environ, **{k: str(v) for k, v in spawn.items()}, "PYTHONUNBUFFERED": "1"}
         with open(self.logdir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(
-                host.command(argv) if host is not None else argv,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=_environment(), start_new_session=True,
-            )
-        self.started.append((name, proc))
+            self[name] = subprocess.Popen(host.command(argv) if host else argv, env=env,
+                                          stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def rss(self) -> int:
-        import psutil
-
         total = 0
-        for _, proc in self.started:
-            try:
+        for proc in self.values():
+            with suppress(psutil.Error):
                 total += psutil.Process(proc.pid).memory_info().rss
-            except psutil.Error:
-                pass
         return total
 
     def check(self) -> None:
-        for name, proc in self.started:
+        for name, proc in self.items():
             if proc.poll() is not None:
                 log = (self.logdir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log}")
 
     def stop(self) -> None:
-        """Workers first (so that none tries to reach a departed scheduler),
-        then the scheduler; whatever is left after ``STOP_S`` is killed."""
-        workers = [p for name, p in self.started if name != "scheduler"]
-        schedulers = [p for name, p in self.started if name == "scheduler"]
-        for group in (workers, schedulers):
+        """Workers first, so that none reaches for a departed scheduler; killed after ``STOP_S``."""
+        procs = list(self.values())
+        for group, sig in ((procs[1:], signal.SIGTERM), (procs[:1], signal.SIGTERM),
+                           (procs, signal.SIGKILL)):
             for proc in group:
-                _signal_group(proc, signal.SIGTERM)
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
             deadline = time.monotonic() + STOP_S
             for proc in group:
-                try:
+                with suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    pass
-        for _, proc in self.started:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait(timeout=STOP_S)
-
-
-def _environment() -> dict[str, str]:
-    """This process's environment plus what Dask's nanny sets before it starts
-    a worker (``distributed.nanny.pre-spawn-environ``: one BLAS thread): the
-    workers here run without a nanny. Without it OpenBLAS gives each worker a
-    second thread that spins between matrix products: with 32 workers on two
-    cores, 220 asap rounds of the MLP took 139 s with it and 41 s without."""
-    spawn = dask.config.get("distributed.nanny.pre-spawn-environ")
-    return {**os.environ, **{k: str(v) for k, v in spawn.items()}, "PYTHONUNBUFFERED": "1"}
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _scheduler_address(path: Path, procs: _Processes) -> str:
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         procs.check()
-        try:
-            address = json.loads(path.read_text()).get("address")
-        except (OSError, ValueError):
-            address = None
-        if address:
-            return address
+        with suppress(OSError, ValueError):
+            if address := json.loads(path.read_text()).get("address"):
+                return str(address)
         time.sleep(0.1)
     raise RuntimeError(f"the scheduler wrote no address within {STARTUP_S:.0f} s")
 
 
 def _wait_for_workers(address: str, nworkers: int) -> None:
-    """Wait in a child process, so that this one keeps no comm state of the
-    testbed's scheme: a UCX context, once made, knows only the network devices
-    there were, and the next testbed's bridge is a new device it cannot use."""
+    """In a child process: a UCX context made here would know only this testbed's bridge, and the
+    next testbed's is a new device."""
     timeout = STARTUP_S + STARTUP_PER_WORKER_S * nworkers
     code = ("import sys; from distributed import Client\n"
             "with Client(sys.argv[1], timeout=float(sys.argv[3])) as client:\n"
@@ -164,19 +118,15 @@ def _wait_for_workers(address: str, nworkers: int) -> None:
 def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
             loopback: bool = False, per_host: int = 1,
             worker_options: tuple[str, ...] = BARE_WORKERS) -> Iterator[Testbed]:
-    """Start the cluster; ``rate`` (a tc rate, e.g. ``"100mbit"``) limits each
-    simulated host's egress. ``loopback``, or no way to make namespaces,
-    runs every process on 127.0.0.1 without any limit. The scheduler runs in
-    the root namespace, on the bridge's address: a host of its own whose
-    egress is not limited. ``worker_options`` go to every ``dask worker``.
-    Processes started inside the ``with`` block inherit what the testbed
-    sets in the environment (:data:`UCX_USES_THE_BRIDGE`)."""
+    """The cluster, each simulated host's egress limited to ``rate`` (tc, e.g. ``"100mbit"``); the
+    scheduler on the bridge's address in the root namespace, a host whose egress is free.
+    ``loopback`` (or no namespaces) puts every process on 127.0.0.1 without a limit."""
     why_not = "loopback requested" if loopback else unavailable()
     logdir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if why_not is None:
             made = stack.enter_context(virtual_hosts(-(-nworkers // per_host), SUBNET, rate))
-            stack.enter_context(mock.patch.dict(
+            stack.enter_context(mock.patch.dict(  # processes started in the block inherit it
                 os.environ, {k: v for k, v in UCX_USES_THE_BRIDGE.items() if k not in os.environ}))
             hosts: list[Host | None] = [made[i // per_host] for i in range(nworkers)]
             scheduler_host = gateway_address(SUBNET)
@@ -189,16 +139,15 @@ def testbed(nworkers: int, protocol: str, rate: str | None, logdir: Path,
         stack.callback(procs.stop)
         scheduler_file = logdir / "scheduler.json"
         scheduler_file.unlink(missing_ok=True)
-        procs.start("scheduler", _python_module("distributed.cli.dask_scheduler", [
+        procs.start("scheduler", "distributed.cli.dask_scheduler", [
             "--protocol", protocol, "--host", scheduler_host, "--port", "0", "--no-dashboard",
-            "--scheduler-file", str(scheduler_file)]), None)
+            "--scheduler-file", str(scheduler_file)])
         address = _scheduler_address(scheduler_file, procs)
         for i, host in enumerate(hosts):
-            procs.start(f"worker{i}", _python_module("distributed.cli.dask_worker", [
+            procs.start(f"worker{i}", "distributed.cli.dask_worker", [
                 address, "--nthreads", "1", *worker_options, "--no-dashboard",
-                "--host", host.address if host else "127.0.0.1",
-                "--name", f"worker-{i}", "--death-timeout", "60",
-                "--local-directory", str(logdir / f"worker{i}")]), host)
+                "--host", host.address if host else "127.0.0.1", "--name", f"worker-{i}",
+                "--death-timeout", "60", "--local-directory", str(logdir / f"worker{i}")], host)
         _wait_for_workers(address, nworkers)
         procs.check()
         yield Testbed(address, kind, nworkers, procs.rss)

@@ -1,13 +1,7 @@
-"""The workloads of ``python -m benchmarks workloads``: small versions, written
-here, of tests the Dask maintainers watch for regressions (coiled/benchmarks,
-``tests/benchmarks/``; each names its source), sized for a 2-core machine.
-
-A workload is a function ``(client, size, timed)``: it makes its data on the
-workers and persists it, untimed; runs what the source test times inside
-``with timed():``; then checks the result, raising :class:`WrongResult` when
-it is wrong. ``size`` scales the data (1.0: the full run). The data is made
-locally, from fixed seeds where the check needs to know it.
-"""
+"""The workloads: small versions, our own, of tests the Dask maintainers watch for regressions
+(coiled/benchmarks ``tests/benchmarks/``), sized for a 2-core machine. Each is a function
+``(client, size, timed)``: it persists its data untimed, runs what the source test times inside
+``with timed():`` and raises :class:`WrongResult` for a wrong result; ``size`` 1.0 is a full run."""
 
 from __future__ import annotations
 
@@ -15,9 +9,15 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import dask
+import dask.array as da
+import dask.dataframe as dd
 import numpy as np
+import pandas as pd
+from distributed import wait
 
 Timed = Callable[[], AbstractContextManager[None]]
 
@@ -29,8 +29,7 @@ class WrongResult(AssertionError):
 @dataclass(frozen=True)
 class Workload:
     name: str
-    #: The coiled/benchmarks test it is modelled on.
-    source: str
+    source: str  # the coiled/benchmarks test it is modelled on
     run: Callable[[Any, float, Timed], None]
 
 
@@ -48,49 +47,34 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _wait(*collections: Any) -> list[Any]:
-    from distributed import wait
-
+def _persisted(*collections: Any) -> list[Any]:
     persisted = [c.persist() for c in collections]
     wait(persisted)
     return persisted
 
 
-# -------------------------------------------------------------------- arrays
-
-
 def array_sum(client: Any, size: float, timed: Timed) -> None:
-    """A row sum over thin column chunks: a tree reduction whose partial sums
-    (whole columns) move between workers."""
-    import dask.array as da
-
     rows = _scaled(100_000, size)
-    (x,) = _wait(da.random.RandomState(1).random((rows, 160), chunks=(rows, 1)))
+    (x,) = _persisted(da.random.RandomState(1).random((rows, 160), chunks=(rows, 1)))
     with timed():
         sums = x.sum(axis=1).compute()
     check(math.isclose(sums.sum(), x.sum().compute(), rel_tol=1e-9), "row sums")
 
 
 def sum_residuals(client: Any, size: float, timed: Timed) -> None:
-    """Reduce, map, reduce: the residuals about the mean along one axis."""
-    import dask.array as da
-
     n = _scaled(240, size, power=3)
-    (a,) = _wait(da.random.RandomState(2).randint(0, 256, (n, n, n), chunks=max(n // 4, 1)))
+    (a,) = _persisted(da.random.RandomState(2).randint(0, 256, (n, n, n), chunks=max(n // 4, 1)))
     with timed():
         total = (a - a.mean(axis=0)).sum().compute()
     check(abs(total) < 1e-6 * a.size, f"residuals sum to {total}, not 0")
 
 
 def vorticity(client: Any, size: float, timed: Timed) -> None:
-    """Two fields padded periodically along one axis and rechunked back
-    (as xGCM pads), then combined with two grids held in one chunk each."""
-    import dask.array as da
-
+    """Fields padded periodically and rechunked back, as xGCM pads."""
     n, layers = 500, _scaled(40, size)
     state = da.random.RandomState(3)
-    u, v = _wait(*(state.random((n, n, layers), chunks=(n, n, 1)) for _ in range(2)))
-    dx, dy = _wait(*(state.random((n + 1, n), chunks=-1) for _ in range(2)))
+    u, v = _persisted(*(state.random((n, n, layers), chunks=(n, n, 1)) for _ in range(2)))
+    dx, dy = _persisted(*(state.random((n + 1, n), chunks=-1) for _ in range(2)))
 
     def padded(field: Any) -> Any:
         return da.pad(field, ((0, 1), (0, 0), (0, 0)), mode="wrap").rechunk((n + 1, n, 1))
@@ -99,16 +83,12 @@ def vorticity(client: Any, size: float, timed: Timed) -> None:
         per_layer = (dx[..., None] * padded(u) - dy[..., None] * padded(v)).sum(axis=(0, 1))
         per_layer = per_layer.compute()
     u0, v0, gx, gy = client.compute([u[:, :, 0], v[:, :, 0], dx, dy], sync=True)
-    wrap = np.concatenate
-    first = (gx * wrap([u0, u0[:1]]) - gy * wrap([v0, v0[:1]])).sum()
+    first = (gx * np.concatenate([u0, u0[:1]]) - gy * np.concatenate([v0, v0[:1]])).sum()
     check(math.isclose(per_layer[0], first, rel_tol=1e-9), "vorticity of the first layer")
 
 
 def map_overlap(client: Any, size: float, timed: Timed) -> None:
-    """A small sample of a ``map_overlap`` over many small chunks: the graph
-    the client builds and sends is the work."""
-    import dask.array as da
-
+    """A small sample of many small chunks: the graph the client builds and sends is the work."""
     n = _scaled(6000, size, power=2)
     x = da.random.RandomState(4).random((n, n), chunks=(50, 50))
     middle = slice(n // 2, n // 2 + 10)
@@ -118,14 +98,10 @@ def map_overlap(client: Any, size: float, timed: Timed) -> None:
 
 
 def anom_mean(client: Any, size: float, timed: Timed) -> None:
-    """The mean anomaly from a climatology (xarray's ``groupby("day")``
-    without flox, written in dask.array): each day's mean over time,
-    subtracted from every row of that day, averaged over time."""
-    import dask.array as da
-
+    """xarray's ``groupby("day")`` anomaly without flox, written in dask.array."""
     days = 16
     rows = days * _scaled(20, size)
-    (arr,) = _wait(da.random.RandomState(5).random((rows, 65_536), chunks=(1, -1)))
+    (arr,) = _persisted(da.random.RandomState(5).random((rows, 65_536), chunks=(1, -1)))
     day = np.arange(rows) % days
     with timed():
         climatology = da.stack([arr[d::days].mean(axis=0) for d in range(days)])
@@ -133,41 +109,24 @@ def anom_mean(client: Any, size: float, timed: Timed) -> None:
     check(float(np.abs(anomaly).max()) < 1e-9, "anomalies do not average to 0")
 
 
-def _rechunk(method: str) -> Callable[[Any, float, Timed], None]:
-    def swap_axes(client: Any, size: float, timed: Timed) -> None:
-        """Column blocks to row blocks: every input chunk feeds every output chunk."""
-        import dask.array as da
-
-        n = _scaled(5000, size, power=2)
-        piece = max(n // 25, 1)
-        (x,) = _wait(da.random.RandomState(6).random((n, n), chunks=(n, piece)))
-        with timed():
-            total = x.rechunk((piece, n), method=method).sum().compute()
-        check(math.isclose(total, x.sum().compute(), rel_tol=1e-9), "rechunked sum")
-
-    return swap_axes
-
-
-# ---------------------------------------------------------------- dataframes
+def swap_axes(client: Any, size: float, timed: Timed, method: str) -> None:
+    n = _scaled(5000, size, power=2)
+    piece = max(n // 25, 1)
+    (x,) = _persisted(da.random.RandomState(6).random((n, n), chunks=(n, piece)))
+    with timed():
+        total = x.rechunk((piece, n), method=method).sum().compute()
+    check(math.isclose(total, x.sum().compute(), rel_tol=1e-9), "rechunked sum")
 
 
 def _timeseries(start: str, days: float, seed: int, partition: str = "12h") -> Any:
-    import dask
-    import pandas as pd
-
     end = pd.Timestamp(start) + pd.Timedelta(days=days)
-    return dask.datasets.timeseries(
-        start=start, end=end, freq="600ms", partition_freq=partition, seed=seed,
-        dtypes={f"c{i}": float for i in range(16)},
-    )
+    return dask.datasets.timeseries(start=start, end=end, freq="600ms", partition_freq=partition,
+                                    seed=seed, dtypes={f"c{i}": float for i in range(16)})
 
 
 def align(client: Any, size: float, timed: Timed) -> None:
-    """Frames over disjoint time ranges subtracted: their indexes are aligned
-    (the result is all NaN; aligning is the work). As in the source test, the
-    frames are made in the timed graph. Each has several partitions: aligning
-    a frame of one partition fails in Dask 2026.8 (a task of the
-    repartition is missing)."""
+    """As upstream, the frames are made in the timed graph. Several partitions each: aligning a
+    frame of one partition fails in Dask 2026.8 (a task of the repartition is missing)."""
     days = max(size * 6, 2.0)
     first = _timeseries("2020-01-01", days, 7)
     second = _timeseries("2010-01-01", days / 2, 8, partition="8h")
@@ -177,62 +136,46 @@ def align(client: Any, size: float, timed: Timed) -> None:
 
 
 def _keyed_part(index: int, rows: int, stride: int, modulus: int) -> Any:
-    """Rows ``index * rows ...`` with key ``stride * row % modulus`` (a
-    permutation of the rows when ``stride`` and ``modulus`` are coprime)."""
-    import pandas as pd
-
+    """Key ``stride * row % modulus``: a permutation of the rows when the two are coprime."""
     numbers = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
-    values = np.random.default_rng(index).random((rows, 8))
-    frame = pd.DataFrame(values, columns=[f"c{i}" for i in range(8)])
+    frame = pd.DataFrame(np.random.default_rng(index).random((rows, 8)),
+                         columns=[f"c{i}" for i in range(8)])
     frame["key"] = numbers * stride % modulus
     return frame
 
 
 def _keyed(parts: int, rows: int, stride: int, modulus: int) -> Any:
-    import dask.dataframe as dd
-
     return dd.from_map(_keyed_part, range(parts), rows=rows, stride=stride, modulus=modulus)
 
 
 def join_p2p(client: Any, size: float, timed: Timed) -> None:
-    """An inner hash join of two frames on an integer key, through the p2p
-    shuffle; every right key matches exactly one left row."""
     parts = 16
     rows = _scaled(2_000_000, size) // parts
-    total = parts * rows
-    left, right = _wait(_keyed(parts, rows, 7_919, total),
-                        _keyed(parts // 2, rows, 2 * 7_919, total))
+    left, right = _persisted(_keyed(parts, rows, 7_919, parts * rows),
+                             _keyed(parts // 2, rows, 2 * 7_919, parts * rows))
     with timed():
         joined = left.merge(right, on="key", how="inner", shuffle_method="p2p")
         count = joined.map_partitions(_identity).size.compute()
-    check(count == len(right) * 17, f"join gave {count} cells")
+    check(count == len(right) * 17, f"join gave {count} cells")  # each right key matches one row
 
 
 def set_index(client: Any, size: float, timed: Timed) -> None:
-    """Sort a frame by a float column: quantiles, then a p2p shuffle."""
     parts = 16
-    (frame,) = _wait(_keyed(parts, _scaled(2_000_000, size) // parts, 1, 2**62))
+    (frame,) = _persisted(_keyed(parts, _scaled(2_000_000, size) // parts, 1, 2**62))
     with timed():
-        indexed = frame.set_index("c0", shuffle_method="p2p").map_partitions(_identity)
-        rows = len(indexed.persist())
+        rows = len(frame.set_index("c0", shuffle_method="p2p").map_partitions(_identity).persist())
     check(rows == len(frame), "set_index lost rows")
 
 
 def shuffle_p2p(client: Any, size: float, timed: Timed) -> None:
-    """A full p2p shuffle of a timeseries on a float column (the suite's
-    former ``test_shuffle``)."""
-    (frame,) = _wait(_timeseries("2020-01-01", max(size * 8, 0.5), 9))
+    (frame,) = _persisted(_timeseries("2020-01-01", max(size * 8, 0.5), 9))
     with timed():
-        cells = frame.shuffle("c0", shuffle_method="p2p").map_partitions(_identity).size
-        cells = cells.compute()
+        cells = frame.shuffle("c0", shuffle_method="p2p").map_partitions(_identity).size.compute()
     check(cells == frame.size.compute(), "shuffle lost cells")
 
 
 def _h2o_part(index: int, rows: int, groups: int, ids: int) -> Any:
-    """Rows of the h2o db-benchmark's groupby table: ``id1``, ``id2``,
-    ``id4`` and ``id5`` take ``groups`` values, ``id3`` and ``id6`` ``ids``."""
-    import pandas as pd
-
+    """The h2o groupby table: ids 1, 2, 4, 5 take ``groups`` values, ids 3 and 6 ``ids``."""
     rng = np.random.default_rng(100 + index)
     low, high = rng.integers(1, groups + 1, (2, rows))
     many = rng.integers(1, ids + 1, rows)
@@ -240,20 +183,16 @@ def _h2o_part(index: int, rows: int, groups: int, ids: int) -> Any:
         "id1": pd.array([f"id{i:03d}" for i in low]), "id2": pd.array([f"id{i:03d}" for i in high]),
         "id3": pd.array([f"id{i:010d}" for i in many]),
         "id4": low.astype(np.int32), "id5": high.astype(np.int32), "id6": many.astype(np.int32),
-        "v1": rng.integers(1, 6, rows, dtype=np.int32),
-        "v2": rng.integers(1, 16, rows, dtype=np.int32),
+        "v1": rng.integers(1, 6, rows, dtype=np.int32), "v2": rng.integers(1, 16, rows, dtype=np.int32),
         "v3": np.round(rng.random(rows) * 100, 6),
     })
 
 
 def h2o_groupby(client: Any, size: float, timed: Timed) -> None:
-    """The h2o groupby queries q1-q7, one after the other."""
-    import dask.dataframe as dd
-
     parts, groups = 8, 100
     rows = _scaled(1_000_000, size) // parts
-    (x,) = _wait(dd.from_map(_h2o_part, range(parts), rows=rows, groups=groups,
-                             ids=max(rows * parts // groups, 1)))
+    (x,) = _persisted(dd.from_map(_h2o_part, range(parts), rows=rows, groups=groups,
+                                  ids=max(rows * parts // groups, 1)))
     by = {"dropna": False, "observed": True}
     with timed():
         q1 = x.groupby("id1", **by).agg({"v1": "sum"}).compute()
@@ -261,45 +200,31 @@ def h2o_groupby(client: Any, size: float, timed: Timed) -> None:
         q3 = x.groupby("id3", **by).agg({"v1": "sum", "v3": "mean"}).compute()
         x.groupby("id4", **by).agg({"v1": "mean", "v2": "mean", "v3": "mean"}).compute()
         x.groupby("id6", **by).agg({"v1": "sum", "v2": "sum", "v3": "sum"}).compute()
-        x.groupby(["id4", "id5"], **by).agg({"v3": ["median", "std"]},
-                                             shuffle_method="p2p").compute()
+        x.groupby(["id4", "id5"], **by).agg({"v3": ["median", "std"]}, shuffle_method="p2p").compute()
         q7 = x.groupby("id3", **by).agg({"v1": "max", "v2": "min"}).compute()
         q7["range_v1_v2"] = q7["v1"] - q7["v2"]
     check(int(q1["v1"].sum()) == int(x["v1"].sum().compute()), "q1 lost rows")
     check(len(q7) == len(q3), "q3 and q7 found different groups of id3")
 
 
-# ------------------------------------------------------------------- futures
-
-
 def _inc(x: int) -> int:
     return x + 1
 
 
-def _keep_index(root: bytes, i: int) -> int:
+def _second(root: bytes, i: int) -> int:
     return i
 
 
-def _megabyte() -> bytes:
-    return b"x" * 2**20
-
-
 def work_stealing(client: Any, size: float, timed: Timed) -> None:
-    """Many trivial tasks that all depend on one 1 MiB root: the root is
-    fetched by every worker, and stealing should not make things worse."""
-    from dask import delayed
-
     n = _scaled(2000, size)
-    root = delayed(_megabyte)()
-    tasks = [delayed(_keep_index)(root, i) for i in range(n)]
+    root = dask.delayed(bytes)(2**20)  # fetched by every worker
+    tasks = [dask.delayed(_second)(root, i) for i in range(n)]
     with timed():
         results = client.gather(client.compute(tasks))
     check(results == list(range(n)), "work-stealing results")
 
 
 def submit_result(client: Any, size: float, timed: Timed) -> None:
-    """One future at a time, each awaited: round trips client - scheduler -
-    worker."""
     n = _scaled(200, size)
     with timed():
         total = sum(client.submit(_inc, i, pure=False).result() for i in range(n))
@@ -307,21 +232,21 @@ def submit_result(client: Any, size: float, timed: Timed) -> None:
 
 
 def large_map(client: Any, size: float, timed: Timed) -> None:
-    """``client.map`` of many tiny root tasks, all gathered."""
     n = _scaled(3000, size)
     with timed():
         total = sum(client.gather(client.map(_inc, range(n), pure=False)))
     check(total == n * (n + 1) // 2, "large map")
 
 
+_SWAP_AXES = "test_rechunk.py::test_swap_axes_in_memory"
 WORKLOADS = (
     Workload("array-sum", "test_array.py::test_basic_sum", array_sum),
     Workload("sum-residuals", "test_zarr.py::test_sum_residuals", sum_residuals),
     Workload("vorticity", "test_array.py::test_vorticity", vorticity),
     Workload("map-overlap", "test_array.py::test_map_overlap_sample", map_overlap),
     Workload("anom-mean", "test_xarray.py::test_anom_mean", anom_mean),
-    Workload("rechunk-p2p", "test_rechunk.py::test_swap_axes_in_memory", _rechunk("p2p")),
-    Workload("rechunk-tasks", "test_rechunk.py::test_swap_axes_in_memory", _rechunk("tasks")),
+    Workload("rechunk-p2p", _SWAP_AXES, partial(swap_axes, method="p2p")),
+    Workload("rechunk-tasks", _SWAP_AXES, partial(swap_axes, method="tasks")),
     Workload("align", "test_dataframe.py::test_dataframe_align", align),
     Workload("join-p2p", "test_join.py::test_join_big", join_p2p),
     Workload("set-index", "test_join.py::test_set_index", set_index),
@@ -333,5 +258,4 @@ WORKLOADS = (
     Workload("submit-result", "test_futures.py::test_single_future", submit_result),
     Workload("large-map", "test_futures.py::test_large_map", large_map),
 )
-
 BY_NAME = {w.name: w for w in WORKLOADS}

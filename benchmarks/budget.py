@@ -1,406 +1,340 @@
-"""Where one small-message round trip spends its time, per category:
-``python -m benchmarks budget``.
-
-The comm benchmark says how long a round trip takes; this says what it is made
-of.  For each payload (8 B, 1 KiB, 16 KiB, in the ping-pong's message shape)
-and each configuration (lci over shared memory, lci over its tcp, ucx and ofi providers,
-Dask's tcp, ucxx when installed, and ``floor://``: Dask's serialization over
-bare asyncio streams, the least a Dask comm does, see
-:mod:`benchmarks._floor_comm`), the ping-pong's client and server run in
-their own processes while py-spy samples both of them (see
-:mod:`benchmarks._budget_measure`) and their CPU times are read from
-``/proc``.  Per process and round trip of the same loop, the kernel time is
-the syscalls (doorbells included), the user time is shared among the
-user-space categories by their samples (every sample classified by its
-stack: :data:`benchmarks._budget_rules.RULES`), and the rest of the round trip
-is waiting; over the pair, what neither process spends on CPU is the wait
-(wake-up latency, net of the time both run at once).  py-spy alone puts far
-less time on CPU than ``/proc`` for processes that keep sleeping and waking,
-so samples only apportion; what they alone say is kept as a cross-check, as
-is ``to_frames`` and ``from_frames`` of the very message timed in this
-process (each paid once per side per round trip).
-
-Rounds alternate configurations as in the other commands, and a cell pools
-the samples and round trips of all its rounds.
-"""
+"""Where a small-message round trip spends its time, by category, from py-spy samples and
+``/proc`` CPU times of both ping-pong peers (method: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+import argparse
+import asyncio
+import linecache
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
-from benchmarks._budget_measure import (
-    ROLES,
-    Budgets,
-    RoundResult,
-    measure_round,
-    serialization_us,
-)
-from benchmarks._budget_rules import (
-    CATEGORIES,
-    IN_USER,
-    ON_CPU,
-    RULES,
-    SYSCALLS,
-    TORN,
-    WAIT,
-)
-from benchmarks._comm_suite import KiB, size_name
-from benchmarks._configurations import Configuration, SchemeStatus, probe_configurations
-from benchmarks._environment import environment_facts
+import psutil
+from distributed.comm.utils import from_frames, to_frames
+
+from benchmarks import _comm_peers as peers
+from benchmarks import _runner
+from benchmarks._contenders import STARTUP_TIMEOUT_S, Configuration, probe
 from benchmarks._floor_comm import SCHEME as FLOOR
-from benchmarks._format import align, format_number
-from benchmarks._harness import rotated
-from benchmarks._progress import SILENT, Progress
-from benchmarks.comm import LCI_OFI, LCI_TCP, LCI_UCX
-from benchmarks.variants import VARIANTS_BY_NAME
+from benchmarks._procs import PeerError, expect, send_quietly, spawned
+from benchmarks._runner import format_number, progress, size_name
+from benchmarks.comm import PINNED, VARIANTS
 
-__all__ = ["CONFIGURATIONS", "SIZES", "make_config", "run", "format_table", "to_json"]
-
-#: The payloads: a tiny task message, a small object, a small array chunk.
-SIZES = (8, KiB, 16 * KiB)
-
-#: What is compared; ucxx shows as not installed where it is not.
-CONFIGURATIONS = (
-    Configuration("lci-shm", "lci"),  # shared memory: the default on one host
-    VARIANTS_BY_NAME["poll-500us"].configuration("lci-shm-poll"),
-    VARIANTS_BY_NAME["thread"].configuration("lci-shm-thread"),
-    LCI_TCP,
-    LCI_UCX,
-    LCI_OFI,
-    Configuration.of_scheme("tcp"),
-    Configuration.of_scheme("ucxx"),
-    # The least a Dask comm does here: Dask's serialization over asyncio streams.
-    Configuration.of_scheme(FLOOR),
-)
-
-#: Budgets as ``(quick, full)``: windows, sampling rate, rounds, and the
-#: serialization cross-check's iterations and seconds.  Full: ~2 minutes on
-#: 2 cores for the four lci configurations and tcp; quick: ~30 s.
-_BUDGETS = (Budgets(reference_s=0.3, window_s=1.0, rate_hz=200, warmup=20),
-            Budgets(reference_s=1.0, window_s=4.0, rate_hz=250, warmup=100))
-_ROUNDS = (1, 2)
-_SERIALIZATION = ((200, 0.2), (5000, 1.0))
+SIZES = (8, 2**10, 2**14)  # a tiny task message, a small object, a small array chunk
+CONFIGURATIONS = (  # ucxx, lci-ucx and lci-ofi show as not installed where they are not
+    Configuration("lci-shm", "lci"), replace(VARIANTS["poll-500us"], label="lci-shm-poll"),
+    replace(VARIANTS["thread"], label="lci-shm-thread"), *PINNED.values(),
+    *map(Configuration.of_scheme, ("tcp", "ucxx", FLOOR)))
+ROLES = ("client", "server")
+#: As (quick, full; ~3 minutes on 2 cores): per payload, seconds unprofiled, then under py-spy
+#: at its rate, after warm-up round trips; rounds; the serialization timing's count and seconds.
+_BUDGETS = ({"reference_s": 0.3, "window_s": 1.0, "rate_hz": 200, "warmup": 20},
+            {"reference_s": 1.0, "window_s": 4.0, "rate_hz": 250, "warmup": 100})
+_ROUNDS, _SERIALIZATION = (1, 2), ((200, 0.2), (5000, 1.0))
+_SLACK_S = 60.0  # connecting, warming up, py-spy attaching: beyond a payload's windows
 
 
 @dataclass(frozen=True)
-class BudgetConfig:
-    """Everything that defines a run; recorded in the JSON."""
-
-    configurations: tuple[Configuration, ...]
-    sizes: tuple[int, ...]
-    rounds: int
-    quick: bool
-    budgets: Budgets
+class Frame:
+    function: str
+    path: str
+    line: int
 
     @property
-    def labels(self) -> tuple[str, ...]:
-        return tuple(c.label for c in self.configurations)
+    def source(self) -> str:
+        """The line executed; empty if unreadable (a torn read's path may hold a NUL byte)."""
+        return "" if "\0" in self.path else linecache.getline(self.path, self.line)
 
 
-def make_config(names: Iterable[str] | None = None, quick: bool = False,
-                rounds: int | None = None, only: Iterable[str] | None = None) -> BudgetConfig:
-    """The named configurations (default: all of :data:`CONFIGURATIONS`) and
-    payloads (``only``, by size name, default all of :data:`SIZES`);
-    :class:`ValueError` for unknown names."""
-    known = {c.label: c for c in CONFIGURATIONS}
-    sizes = {size_name(s): s for s in SIZES}
-    wanted, wanted_sizes = list(names or known), list(only or sizes)
-    unknown = [n for n in wanted if n not in known] + [s for s in wanted_sizes if s not in sizes]
-    if unknown:
-        raise ValueError(f"unknown {unknown}; configurations: {tuple(known)}, "
-                         f"sizes: {tuple(sizes)}")
-    if rounds is not None and rounds < 1:
-        raise ValueError("rounds must be >= 1")
-    return BudgetConfig(tuple(known[n] for n in dict.fromkeys(wanted)),
-                        tuple(sizes[s] for s in dict.fromkeys(wanted_sizes)),
-                        rounds or _ROUNDS[not quick], quick, _BUDGETS[not quick])
+#: C-level I/O on a line: a socket's, ``os``'s, or epoll_ctl as selectors.py calls it.
+_IO = re.compile(r"\b(?:sock|_sock|socket)\.(?:send|sendall|sendmsg|recv|recv_into|recvmsg|recvmsg_into)\("
+                 r"|\bos\.(?:read|write|readv|writev)\(|\b_selector\.(?:register|modify|unregister)\(")
+WAIT, SYSCALLS, TORN = "wait", "syscalls", "torn"
+#: (category, its table row, frame predicate): the first frame from the leaf up that a rule matches decides.
+RULES: tuple[tuple[str, str, Callable[[Frame], bool]], ...] = (
+    (WAIT, "wait: neither process on CPU",
+     lambda f: f.path.endswith("selectors.py") and f.function.endswith("select") and ".poll(" in f.source),
+    ("serialization", "serialization (to/from_frames)",
+     lambda f: f.path.endswith("/comm/utils.py") and f.function.startswith(("to_frames", "from_frames"))),
+    (SYSCALLS, "syscalls and doorbells",
+     lambda f: f.function == "ShmDevice._ring" or bool(_IO.search(f.source))),
+    ("codec", "lci codec (parcel/)", lambda f: "/dask_lcicomm/parcel/" in f.path),
+    ("lci", "lci layers (rest of dask_lcicomm)", lambda f: "/dask_lcicomm/" in f.path),
+    ("dask comm", "Dask comm layer (+ tornado streams; floor's comm)",
+     lambda f: "/distributed/comm/" in f.path or f.path.endswith(("/tornado/iostream.py", "_floor_comm.py"))),
+    ("event loop", "event-loop hops",
+     lambda f: "/asyncio/" in f.path or "/tornado/" in f.path or f.path.endswith("selectors.py")),
+    ("other", "other on CPU (benchmark loop)", lambda f: "/benchmarks/" in f.path),
+)
+CATEGORIES = tuple(category for category, _, _ in RULES)
+ROWS = (*(c for c in CATEGORIES if c != WAIT), WAIT)  # on CPU, then the wait: the table's order
+IN_USER = tuple(c for c in ROWS if c not in (SYSCALLS, WAIT))
+_ROW_NAMES = {category: row for category, row, _ in RULES}
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
+_THREAD = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
 
 
-# ------------------------------------------------------------------ running
+def classify(stack: Sequence[Frame]) -> str:
+    """A sample's category, ``stack`` root first; ``torn`` (left out): unmatched, cut off from its root."""
+    for frame in reversed(stack):
+        for category, _, matches in RULES:
+            if matches(frame):
+                return category
+    return "other" if stack and stack[0].function == "<module>" else TORN
 
 
-@dataclass
-class BudgetReport:
-    """A run's raw material: what could run, the in-process serialization
-    costs, every round's result, and the machine (its load at start and end)."""
+def _comm_thread_stacks(raw: str, pid: int) -> list[tuple[tuple[Frame, ...], int]]:
+    """The main (event-loop) thread's and lci progress threads' samples in py-spy's raw format,
+    ``thread;frame;...;frame count`` (a frame's name may go on over lines on Python 3.13)."""
+    stacks = []
+    for sample in re.split(r"\n(?=thread \()", raw.strip()):
+        frames, _, count = sample.rpartition(" ")
+        thread, *names = frames.split(";")
+        if (label := _THREAD.match(thread)) is None or not count.isdigit():
+            continue
+        stack = tuple(Frame(m["function"], m["path"], int(m["line"] or 0)) if (m := _FRAME.match(name))
+                      else Frame(name, "", 0) for name in names)
+        # From Python 3.11 a thread shows its OS id, the pid for the main thread; before,
+        # --nonblocking shows its pthread id in hex, so the main thread goes by its name.
+        tid = label["tid"]
+        if (label["name"] == "MainThread" if tid.startswith("0x") else int(tid) == pid) or any(
+                f.function.endswith("_main") and "/dask_lcicomm/progress/" in f.path for f in stack):
+            stacks.append((stack, int(count)))
+    return stacks
 
-    config: BudgetConfig
-    status: dict[str, SchemeStatus]
-    serialization: dict[int, tuple[float, float]]  # size -> (to_frames, from_frames) µs
-    results: list[RoundResult] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
 
-    def failures(self) -> list[RoundResult]:
-        return [r for r in self.results if r.error is not None]
+async def _client(conn: Connection, server: peers.Server, specs: list[peers.BenchSpec]) -> None:
+    """Per payload: the comm benchmark's ping-pong, ``("looping", None)``, round trips until the parent's
+    ``("stop",)`` (outlasting py-spy's recording), ``("result", loop)``; or ``("failed", why)``."""
+    for spec in specs:
+        msg = peers.make_message("ping", peers.make_payload(spec.payload_bytes))
+        try:
+            async with peers.connected_many(server, 1) as (comm,):
+                await peers.warm_up(comm, msg, spec.warmup)
+                reference = await peers.timed_pings(comm, msg, spec)
+                conn.send(("looping", None))
+                events, stopped, count = asyncio.get_running_loop(), asyncio.Event(), 0
+                events.add_reader(conn.fileno(), stopped.set)
+                start = time.perf_counter()
+                while not stopped.is_set():  # until the parent's "stop", or its end of the pipe closing
+                    count += await peers.ping(comm, msg, 1, float("inf"))
+                profiled = peers.Measurement(count, time.perf_counter() - start)
+                events.remove_reader(conn.fileno())
+                conn.recv()  # the "stop" itself
+        except Exception as exc:
+            send_quietly(conn, ("failed", f"{spec.name}: {type(exc).__name__}: {exc}"))
+            return  # the parent ends the round
+        send_quietly(conn, ("result", {"reference": asdict(reference), "profiled": asdict(profiled),
+                                       "provider": comm.extra_info.get("provider")}))
 
 
-def run(config: BudgetConfig, progress: Progress = SILENT) -> BudgetReport:
-    """The serialization cross-check, then every available configuration
-    once per round (rounds alternate, the order rotating)."""
-    environment = environment_facts()
-    status = probe_configurations(config.configurations)
-    runnable = [c for c in config.configurations if status[c.label].available]
-    progress.start("budget", len(config.sizes) * (1 + config.rounds * len(runnable)))
-    for label, why in status.items():
-        if not why.available:
-            progress.note(f"{label}: {why.label} ({why.detail})")
-    count, seconds = _SERIALIZATION[not config.quick]
+def _round(c: Configuration, sizes: Sequence[int], budgets: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """Each payload's ``(size, loop, recording, error)`` on one fresh pair of peers; a failure ends it."""
+    done, timeout_s = 0, budgets["reference_s"] + budgets["window_s"] + _SLACK_S
+    try:
+        with (spawned(peers.server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides)
+              as server, spawned(peers.run_client, _client, name=f"{c.label}-client",
+                                 dask_config=c.overrides) as client):
+            client.conn.send((peers.Server(expect(server, "ready", STARTUP_TIMEOUT_S), c.provider), [
+                peers.BenchSpec(f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"],
+                                10_000_000, budgets["warmup"], timeout_s) for size in sizes]))
+            procs = {"client": psutil.Process(client.process.pid),
+                     "server": psutil.Process(server.process.pid)}
+            for size in sizes:
+                expect(client, "looping", timeout_s)
+                recording = _profile(procs, budgets["window_s"], budgets["rate_hz"])
+                client.conn.send(("stop",))
+                loop = expect(client, "result", timeout_s)
+                if loop["profiled"]["count"] == 0:
+                    raise PeerError(f"{c.label}-client: no round trip in the profiled loop")
+                yield size, loop, recording, None
+                done += 1
+    except PeerError as exc:
+        for size in sizes[done:]:
+            yield size, None, None, str(exc)
+
+
+def _profile(procs: dict[str, psutil.Process], window_s: float, rate_hz: int) -> dict[str, Any]:
+    """py-spy on the peers for the window and their CPU time meanwhile (all of it, without py-spy)."""
+    before = {role: (p.cpu_times(), p.num_ctx_switches()) for role, p in procs.items()}
+    start, error, samples, dropped = time.monotonic(), None, {}, {}
+    beside = Path(sys.executable).with_name("py-spy")  # in a venv's bin, else on PATH
+    pyspy = str(beside) if beside.is_file() else "py-spy"
+    try:
+        with TemporaryDirectory(prefix="budget-") as tmp:
+            spies = {role: subprocess.Popen(
+                [pyspy, "record", "--format", "raw", "--rate", str(rate_hz), "--idle", "--threads",
+                 "--nonblocking", "--full-filenames", "--duration", str(max(1, round(window_s))),
+                 "--pid", str(p.pid), "--output", f"{tmp}/{role}"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for role, p in procs.items()}
+            try:  # 30 s for attaching, writing and exiting
+                logs = {role: spy.communicate(timeout=window_s + 30)[0] for role, spy in spies.items()}
+            finally:
+                for spy in spies.values():
+                    spy.kill()
+                    spy.wait()
+            for role, p in procs.items():
+                out, errors = Path(tmp, role), re.search(r"Errors: (\d+)", logs[role])
+                stacks = _comm_thread_stacks(out.read_text(), p.pid) if out.is_file() else []
+                if spies[role].returncode or not stacks:
+                    why = [line for line in logs[role].splitlines() if line.startswith("Error")] or [""]
+                    raise ChildProcessError(f"py-spy got no sample of the comm threads of pid {p.pid} "
+                                            f"(exit {spies[role].returncode}) {why[0]}")
+                samples[role] = dict(Counter(c for stack, n in stacks for c in [classify(stack)] * n))
+                dropped[role] = int(errors[1]) if errors else 0
+    except (OSError, subprocess.TimeoutExpired) as exc:  # py-spy missing, failed or hung
+        time.sleep(max(0.0, window_s - (time.monotonic() - start)))
+        error, samples, dropped = _runner.one_line(exc), {}, {}
+    after = {role: (p.cpu_times(), p.num_ctx_switches()) for role, p in procs.items()}
+    return {"samples": samples, "dropped": dropped,
+            "user_s": {r: after[r][0].user - before[r][0].user for r in procs},
+            "system_s": {r: after[r][0].system - before[r][0].system for r in procs},
+            "preempted": {r: after[r][1].involuntary - before[r][1].involuntary for r in procs},
+            "wall_s": time.monotonic() - start, "error": error}
+
+
+async def _serialization_us(size: int, count: int, seconds: float) -> tuple[float, float]:
+    """Median µs of one ``to_frames`` and one ``from_frames`` of the ping-pong message, here."""
+    msg, to_s, from_s = peers.make_message("ping", peers.make_payload(size)), [], []
+    for _ in peers.bounded(count, time.perf_counter() + seconds):
+        start = time.perf_counter()
+        frames = await to_frames(msg, serializers=peers.SERIALIZERS, on_error="message")
+        middle = time.perf_counter()
+        await from_frames(frames)
+        to_s.append(middle - start)
+        from_s.append(time.perf_counter() - middle)
+    return statistics.median(to_s) * 1e6, statistics.median(from_s) * 1e6
+
+
+def measure(configurations: Sequence[Configuration], sizes: Sequence[int], rounds: int,
+            quick: bool) -> dict[str, Any]:
+    """The serialization timing, then each configuration once per round, in rotating order: the JSON."""
+    environment, status = _runner.environment_facts(), probe(configurations, peers.server_main)
+    runnable = [c for c in configurations if status[c.label].available]
     serialization = {}
-    for size in config.sizes:
-        serialization[size] = serialization_us(size, count, seconds)
-        to_us, from_us = serialization[size]
-        progress.step(f"{size_name(size)}: to_frames {to_us:.1f} us, from_frames {from_us:.1f} us")
-    report = BudgetReport(config, status, serialization, environment=environment)
-
-    def record(result: RoundResult) -> None:
-        report.results.append(result)
-        progress.step(_progress_line(config, result))
-
-    for round_index in range(config.rounds):
-        for configuration in rotated(runnable, round_index):
-            measure_round(configuration, config.sizes, config.budgets, round_index, record)
-    environment["load_average_end"] = [round(load, 2) for load in os.getloadavg()]
-    return report
-
-
-def _progress_line(config: BudgetConfig, result: RoundResult) -> str:
-    head = (f"[round {result.round + 1}/{config.rounds}] {result.label:<8} "
-            f"{size_name(result.size):<6}")
-    if result.loop is None:
-        return f"{head} FAILED: {result.error}"
-    profiled = result.loop.profiled
-    samples = result.recording.samples
-    seen = (", ".join(f"{role} {sum(samples[role].values())}" for role in samples)
-            or f"no profile: {result.recording.error}")
-    return f"{head} {profiled.seconds / profiled.count * 1e6:.0f} us/round trip; samples: {seen}"
-
-
-# ---------------------------------------------------------------- the budget
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One payload and configuration, pooled over its rounds.
-
-    ``rt_us`` is the round trip of the profiled loop and ``reference_us``
-    that of the unprofiled window.  ``user_us`` and ``system_us`` are each
-    role's CPU time per round trip in user space and in the kernel
-    (``/proc``).  ``per_role`` is each role's budget: its user time shared
-    among the user-space categories by its samples, its kernel time as
-    ``syscalls``, the rest of the round trip as ``wait`` (so each role adds up
-    to ``rt_us``); ``pair`` adds the roles' on-CPU categories, its ``wait`` is
-    what neither spends on CPU.  ``preempted`` is how often per round trip a
-    role lost its CPU while it could have run (a busy machine: samples then
-    see code that is not running).  ``sampled_cpu_us`` is what the samples alone
-    say of each role's time on CPU (its non-wait share of the round trip):
-    the cross-check.  ``samples`` counts each role's classified samples,
-    ``dropped`` those py-spy could not read or read torn (left out).
-    """
-
-    rt_us: float
-    reference_us: float
-    provider: str | None
-    user_us: dict[str, float]
-    system_us: dict[str, float]
-    per_role: dict[str, dict[str, float]]
-    pair: dict[str, float]
-    preempted: dict[str, float]
-    sampled_cpu_us: dict[str, float]
-    samples: dict[str, int]
-    dropped: dict[str, int]
-
-
-def cell(report: BudgetReport, size: int, label: str) -> Cell | None:
-    """The budget of ``label`` at ``size``, or None without a measured round."""
-    rounds = [r for r in report.results
-              if r.size == size and r.label == label and r.loop is not None]
-    if not rounds:
-        return None
-    rt_us = _per_trip_us(r.loop.profiled for r in rounds if r.loop)
-    recordings = [r.recording for r in rounds]
-    wall = sum(rec.wall_s for rec in recordings)
-    trips = wall / rt_us * 1e6
-    user_us = {role: sum(rec.user_s[role] for rec in recordings) / trips * 1e6 for role in ROLES}
-    system_us = {role: sum(rec.system_s[role] for rec in recordings) / trips * 1e6
-                 for role in ROLES}
-    profiled = [rec for rec in recordings if rec.error is None]
-    counts = {role: {c: sum(rec.samples[role].get(c, 0) for rec in profiled) for c in CATEGORIES}
-              for role in ROLES} if profiled else {}
-    per_role = {role: _split(by, user_us[role], system_us[role], rt_us)
-                for role, by in counts.items()}
-    pair = {c: sum(by[c] for by in per_role.values()) for c in CATEGORIES}
-    return Cell(
-        rt_us=rt_us,
-        reference_us=_per_trip_us(r.loop.reference for r in rounds if r.loop),
-        provider=rounds[0].loop.provider if rounds[0].loop else None,
-        user_us=user_us,
-        system_us=system_us,
-        per_role=per_role,
-        pair=pair | {WAIT: rt_us - sum(user_us.values()) - sum(system_us.values())}
-        if per_role else {},
-        preempted={role: sum(rec.preempted[role] for rec in recordings) / trips for role in ROLES},
-        sampled_cpu_us={role: (1 - by[WAIT] / max(sum(by.values()), 1)) * rt_us
-                        for role, by in counts.items()},
-        samples={role: sum(by.values()) for role, by in counts.items()},
-        dropped={role: sum(rec.dropped[role] + rec.samples[role].get(TORN, 0) for rec in profiled)
-                 for role in counts},
-    )
-
-
-def _split(counts: dict[str, int], user_us: float, system_us: float,
-           rt_us: float) -> dict[str, float]:
-    """A role's µs per round trip by category: its user time shared by its
-    user-space samples, its kernel time as syscalls, the rest waiting."""
-    in_user = max(sum(counts[c] for c in IN_USER), 1)
-    return ({c: counts[c] / in_user * user_us for c in IN_USER}
-            | {SYSCALLS: system_us, WAIT: rt_us - user_us - system_us})
-
-
-def _per_trip_us(measurements: Iterable[Any]) -> float:
-    pooled = list(measurements)
-    return sum(m.seconds for m in pooled) / sum(m.count for m in pooled) * 1e6
-
-
-# ---------------------------------------------------------------- reporting
-
-#: The categories in the order of the table and the figures: on CPU, then the wait.
-ROWS = (*ON_CPU, WAIT)
-
-#: Rows of the table, as the categories read in it.
-_ROW_NAMES = {
-    "serialization": "serialization (to/from_frames)",
-    "event loop": "event-loop hops",
-    "syscalls": "syscalls and doorbells",
-    "codec": "lci codec (parcel/)",
-    "lci": "lci layers (rest of dask_lcicomm)",
-    "dask comm": "Dask comm layer (+ tornado streams; floor's comm)",
-    "other": "other on CPU (benchmark loop)",
-    WAIT: "wait: neither process on CPU",
-}
-
-
-def format_table(report: BudgetReport) -> str:
-    """A table per payload: µs per round trip by category and configuration,
-    then the round trip and the cross-checks; footnotes say how to read it."""
-    blocks = [_size_table(report, size) for size in report.config.sizes]
-    return "\n\n".join([*blocks, "\n".join(_footnotes(report))])
-
-
-def _size_table(report: BudgetReport, size: int) -> str:
-    labels = report.config.labels
-    cells = {label: cell(report, size, label) for label in labels}
-    to_us, from_us = report.serialization[size]
-
-    def row(name: str, value: Any) -> list[str]:
-        return [name, *(_value_cell(report, label, cells[label], value) for label in labels)]
-
-    rows = [
-        [f"{size_name(size)} payload, us per round trip", *labels],
-        *(row(_ROW_NAMES[c], lambda k, c=c: k.pair.get(c)) for c in ROWS),
-        row("round trip, profiled loop (= sum)", lambda k: k.rt_us),
-        row("round trip, unprofiled", lambda k: k.reference_us),
-        row("on CPU client/server, /proc", lambda k: _pair(k.user_us[r] + k.system_us[r]
-                                                           for r in ROLES)),
-        row("on CPU client/server, py-spy", lambda k: _pair(k.sampled_cpu_us.values())
-            if k.sampled_cpu_us else None),
-        row("preempted per round trip client/server", lambda k: " / ".join(
-            f"{k.preempted[r]:.2f}" for r in ROLES)),
-        row("provider", lambda k: k.provider or "-"),
-        [f"serialization in-process: 2 x (to_frames {to_us:.1f} + from_frames {from_us:.1f})",
-         *(format_number(2 * (to_us + from_us)) for _ in labels)],
-    ]
-    return "\n".join(align(rows, label_columns=1, rules=(1, 1 + len(CATEGORIES), len(rows) - 1)))
-
-
-def _value_cell(report: BudgetReport, label: str, budget: Cell | None, value: Any) -> str:
-    status = report.status[label]
-    if not status.available:
-        return status.label
-    if budget is None:
-        return "error"
-    shown = value(budget)
-    if shown is None:
-        return "no profile"
-    return shown if isinstance(shown, str) else format_number(shown)
-
-
-def _pair(values: Iterable[float]) -> str:
-    return " / ".join(format_number(v) for v in values)
-
-
-def _footnotes(report: BudgetReport) -> list[str]:
-    config, budgets = report.config, report.config.budgets
-    notes = [
-        f"Method: per payload and configuration, the comm benchmark's ping-pong (client and "
-        f"server in their own processes on 127.0.0.1) runs {budgets.reference_s:g} s "
-        f"unprofiled, then loops while py-spy samples both processes' event-loop threads for "
-        f"{budgets.window_s:g} s at {budgets.rate_hz} Hz (--idle --nonblocking); "
-        f"{config.rounds} round(s), pooled. Each process's CPU time per round trip comes from "
-        f"/proc over the same seconds: its kernel time is the syscalls row, its user time is "
-        f"shared among the other on-CPU rows by their samples; the rows add the two "
-        f"processes; wait = round trip - both processes' CPU time (time neither runs, net of "
-        f"the time both do). py-spy alone is not trusted with on/off CPU: its samples land "
-        f"mostly while a process sleeps or sits in a system call, not while it runs.",
-        "Rules (first frame from the leaf up that one matches decides; "
-        "benchmarks/_budget_rules.py):",
-        *(f"  {_ROW_NAMES[rule.category]}: {rule.means}" for rule in RULES),
-        "Cross-checks: 'on CPU, py-spy' is what the samples alone say (the non-wait share of "
-        "the round trip), against /proc's user + kernel time. The in-process serialization "
-        "is the median to_frames/from_frames of the very message in this process, paid by "
-        "each side once per round trip: compare the serialization row.",
-        _machine_note(report.environment),
-    ]
-    notes.extend(f"{label}: {status.label}: {status.detail}"
-                 for label, status in report.status.items() if not status.available)
-    notes.extend(f"{r.label} {size_name(r.size)} round {r.round + 1}: no profile: "
-                 f"{r.recording.error}" for r in report.results if r.recording.error)
-    notes.extend(f"{r.label} {size_name(r.size)} round {r.round + 1} failed: {r.error}"
-                 for r in report.failures())
-    return notes
-
-
-def _machine_note(env: dict[str, Any]) -> str:
-    """The machine and its load: on a busy one, the wait grows first."""
-    start, end = (", ".join(f"{x:g}" for x in env[key])
-                  for key in ("load_average", "load_average_end"))
-    return (f"Measured: {env['cpu']}, {env['cpu_count']} CPUs, load average {start} at the "
-            f"start and {end} at the end (1/5/15 min), Python {env['python']}, "
-            f"distributed {env['distributed']}; code {env['source']}.")
-
-
-def to_json(report: BudgetReport) -> dict[str, Any]:
-    """The budget per payload and configuration (pooled, as tabled), the raw
-    rounds, the rules, and how the run was made."""
-    config = report.config
+    for size in sizes:
+        to_us, from_us = asyncio.run(_serialization_us(size, *_SERIALIZATION[not quick]))
+        serialization[size_name(size)] = {"to_frames_us": to_us, "from_frames_us": from_us,
+                                          "per_round_trip_us": 2 * (to_us + from_us)}
+        progress(f"{size_name(size)}: to_frames {to_us:.1f} us, from_frames {from_us:.1f} us")
+    raw: list[dict[str, Any]] = []
+    for index in range(rounds):
+        for c in _runner.rotated(runnable, index):
+            for size, loop, recording, error in _round(c, sizes, _BUDGETS[not quick]):
+                raw.append({"size": size, "label": c.label, "round": index, "loop": loop,
+                            "recording": recording, "error": error})
+                us = loop and loop["profiled"]["seconds"] / loop["profiled"]["count"] * 1e6
+                progress(f"[{len(raw)}/{rounds * len(runnable) * len(sizes)}] round {index + 1} {c.label} "
+                         f"{size_name(size)}: " + (f"{us:.0f} us/round trip" if loop else f"FAILED: {error}"))
+    environment["load_average_end"] = [round(load, 2) for load in psutil.getloadavg()]
     return {
-        "environment": report.environment,
-        "config": {
-            "configurations": [asdict(c) | {"dask_config": c.overrides}
-                               for c in config.configurations],
-            "sizes": list(config.sizes),
-            "rounds": config.rounds,
-            "quick": config.quick,
-            "budgets": asdict(config.budgets),
-            "categories": list(ROWS),
-            "rules": {rule.category: rule.means for rule in RULES},
-        },
-        "status": {label: asdict(status) for label, status in report.status.items()},
-        "serialization": {
-            size_name(size): {"to_frames_us": to_us, "from_frames_us": from_us,
-                              "per_round_trip_us": 2 * (to_us + from_us)}
-            for size, (to_us, from_us) in report.serialization.items()
-        },
-        "budget": {
-            size_name(size): {label: _cell_json(cell(report, size, label))
-                              for label in config.labels if report.status[label].available}
-            for size in config.sizes
-        },
-        "raw": [asdict(r) for r in report.results],
+        "command": "budget", "environment": environment,
+        "config": {"configurations": [asdict(c) | {"dask_config": c.overrides} for c in configurations],
+                   "sizes": list(sizes), "rounds": rounds, "quick": quick, "budgets": _BUDGETS[not quick],
+                   "categories": list(ROWS)},
+        "status": {label: asdict(why) for label, why in status.items()},
+        "serialization": serialization,
+        "budget": {size_name(size): {c.label: _cell([r for r in raw if r["loop"] and r["size"] == size
+                                                     and r["label"] == c.label]) for c in runnable}
+                   for size in sizes},
+        "raw": raw, "failed": sum(r["error"] is not None for r in raw),
     }
 
 
-def _cell_json(budget: Cell | None) -> dict[str, Any] | None:
-    return None if budget is None else asdict(budget)
+def _cell(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """µs per round trip by category, per role and for the pair, pooled over the measured rounds."""
+    if not rounds:
+        return None
+    recs = [r["recording"] for r in rounds]
+    rt_us, reference_us = (sum(r["loop"][k]["seconds"] for r in rounds) * 1e6
+                           / sum(r["loop"][k]["count"] for r in rounds) for k in ("profiled", "reference"))
+    trips = sum(rec["wall_s"] for rec in recs) / rt_us * 1e6
+    user_us, system_us = ({role: sum(rec[key][role] for rec in recs) / trips * 1e6 for role in ROLES}
+                          for key in ("user_s", "system_s"))
+    profiled = [rec for rec in recs if rec["error"] is None]
+    counts = {role: {c: sum(rec["samples"][role].get(c, 0) for rec in profiled) for c in CATEGORIES}
+              for role in ROLES} if profiled else {}
+    per_role = {role: {c: by[c] / max(sum(by[c] for c in IN_USER), 1) * user_us[role] for c in IN_USER}
+                | {SYSCALLS: system_us[role], WAIT: rt_us - user_us[role] - system_us[role]}
+                for role, by in counts.items()}
+    return {
+        "rt_us": rt_us, "reference_us": reference_us, "provider": rounds[0]["loop"]["provider"],
+        "user_us": user_us, "system_us": system_us, "per_role": per_role,
+        "pair": {c: sum(by[c] for by in per_role.values()) for c in CATEGORIES}
+        | {WAIT: rt_us - sum(user_us.values()) - sum(system_us.values())} if per_role else {},
+        "preempted": {role: sum(rec["preempted"][role] for rec in recs) / trips for role in ROLES},
+        "sampled_cpu_us": {role: (1 - by[WAIT] / max(sum(by.values()), 1)) * rt_us
+                           for role, by in counts.items()},
+        "samples": {role: sum(by.values()) for role, by in counts.items()},
+        "dropped": {role: sum(rec["dropped"][role] + rec["samples"][role].get(TORN, 0) for rec in profiled)
+                    for role in counts},
+    }
+
+
+def format_table(data: dict[str, Any]) -> str:
+    """Per payload: µs per round trip by category and configuration, the round trip, cross-checks."""
+    status, env, budgets = data["status"], data["environment"], data["config"]["budgets"]
+    names = [*(_ROW_NAMES[c] for c in ROWS), "round trip, profiled loop (= sum)", "round trip, unprofiled",
+             "on CPU client/server, /proc", "on CPU client/server, py-spy",
+             "preempted per round trip client/server", "provider"]
+
+    def column(label: str, k: dict[str, Any] | None) -> list[str]:
+        if k is None:
+            return [status[label]["label"] if not status[label]["available"] else "error"] * len(names)
+        return [*(format_number(k["pair"][c]) if k["pair"] else "no profile" for c in ROWS),
+                format_number(k["rt_us"]), format_number(k["reference_us"]),
+                " / ".join(format_number(k["user_us"][r] + k["system_us"][r]) for r in ROLES),
+                " / ".join(map(format_number, k["sampled_cpu_us"].values())) or "no profile",
+                " / ".join(f"{k['preempted'][r]:.2f}" for r in ROLES), k["provider"] or "-"]
+
+    blocks = []
+    for size, cells in data["budget"].items():
+        ser = data["serialization"][size]
+        rows = [[f"{size} payload, us per round trip", *status],
+                *map(list, zip(names, *(column(label, cells.get(label)) for label in status), strict=True)),
+                [f"serialization in-process: 2 x (to_frames {ser['to_frames_us']:.1f} + from_frames "
+                 f"{ser['from_frames_us']:.1f})", *[format_number(ser["per_round_trip_us"])] * len(status)]]
+        blocks.append("\n".join(_runner.align(rows, 1, (1, 1 + len(ROWS), len(rows) - 1))))
+    start, end = (", ".join(f"{x:g}" for x in env[key]) for key in ("load_average", "load_average_end"))
+    return "\n\n".join([*blocks, "\n".join([
+        f"{budgets['reference_s']:g} s unprofiled, then {budgets['window_s']:g} s under py-spy at "
+        f"{budgets['rate_hz']} Hz per payload, {data['config']['rounds']} round(s) pooled; rows add both "
+        f"processes (how to read them: docs/benchmarks.md). {env['cpu']}, {env['cpu_count']} CPUs, load "
+        f"{start} at the start, {end} at the end; distributed {env['distributed']}; code {env['source']}.",
+        *(f"{label}: {s['label']}: {s['detail']}" for label, s in status.items() if not s["available"]),
+        *(f"{r['label']} {size_name(r['size'])} round {r['round'] + 1}: "
+          + (f"failed: {r['error']}" if r["loop"] is None else f"no profile: {r['recording']['error']}")
+          for r in data["raw"] if r["loop"] is None or r["recording"]["error"]),
+    ])])
+
+
+def main(argv: list[str] | None = None) -> int:
+    labels, names = [c.label for c in CONFIGURATIONS], [size_name(s) for s in SIZES]
+    p = argparse.ArgumentParser(prog="python -m benchmarks budget", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="short windows, 1 round: a smoke run")
+    p.add_argument("--rounds", type=int, help="rounds per configuration, pooled (default: 2, quick: 1)")
+    p.add_argument("--configs", type=_runner.csv, metavar="NAMES", help=f"of: {','.join(labels)}")
+    p.add_argument("--sizes", type=_runner.csv, metavar="SIZES", help=f"of: {','.join(names)}")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write every round's numbers to OUT")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
+    args = p.parse_args(argv)
+    rounds = _ROUNDS[not args.quick] if args.rounds is None else args.rounds
+    try:
+        if rounds < 1:
+            raise ValueError("rounds must be >= 1")
+        chosen = [CONFIGURATIONS[labels.index(n)] for n in _runner.select(args.configs, labels, labels)]
+        chosen_sizes = [SIZES[names.index(n)] for n in _runner.select(args.sizes, names, names)]
+    except ValueError as exc:
+        p.error(str(exc))
+    data = measure(chosen, chosen_sizes, rounds, args.quick)
+    return _runner.finish(args, format_table(data), data)

@@ -1,96 +1,42 @@
-"""What a cluster's comms leave in memory: a P2P shuffle and a P2P rechunk on
-many workers of one host, with shared memory and the processes' PSS sampled.
-
-``python -m benchmarks.cluster_memory [--workers 16] [--rows 16M] [--rounds 1]
-[--memory-limits off|default] [--configs tcp,lci,lci-keep,lci-unbounded] [--json OUT]``
-
-Each configuration runs in a fresh interpreter of its own (the workers
-inherit its environment), in alternating order per round:
-
-* ``tcp`` and ``lci``: Dask's comm and ours, as configured by default;
-* ``lci-keep``: lci with ``shm.release-after: 0``, idle shared memory kept
-  until the devices close (as before it was given back);
-* ``lci-unbounded``: lci with an ``shm.budget`` of 1 TiB, so that every
-  process lends as much as its pools hold (as before the budget).
-
-The work: ``dd.from_pandas`` of ``--rows`` rows (``c0``..``c7`` float64, key
-``k`` int64 in [0, 1e6), 64 partitions) persisted first, then timed:
-``len(df.shuffle("k", shuffle_method="p2p").persist())`` and a p2p rechunk of
-a (160000, 800) array from (160000, 25) chunks to (5000, 800), summed. Every
-0.2 s a thread reads ``Shmem`` from ``/proc/meminfo`` and sums the PSS of the
-driver and every process under it; the table has the peaks during the work
-and the values 3 s after it, then 3 s after the input is released too (the
-client sends it inside its graph; the workers keep it, and over lci it lives
-where it was received: in shared memory). With ``--memory-limits off`` Dask's memory
-management is off (no target, spill, pause or terminate: nothing reacts to
-what the comms hold); with ``default`` the workers have Dask's default
-limits, and the table counts the spills, pauses and restarts they caused.
-"""
+"""What a cluster's comms leave in memory during and after a P2P shuffle and rechunk (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks._sampler import Sampler
+from benchmarks.peer_cost import MiB, config_names, proc_bytes, run_module
 
-MiB = 1 << 20
+_MODULE = "benchmarks.cluster_memory"
+_SHM = "DASK_DISTRIBUTED__COMM__LCI__SHM__"
 CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
-    "tcp": ("tcp", {}),
-    "lci": ("lci", {}),
-    "lci-keep": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM__RELEASE_AFTER": "0"}),
-    "lci-unbounded": ("lci", {"DASK_DISTRIBUTED__COMM__LCI__SHM__BUDGET": "1TiB"}),
+    "tcp": ("tcp", {}), "lci": ("lci", {}),
+    "lci-keep": ("lci", {f"{_SHM}RELEASE_AFTER": "0"}),  # idle shared memory kept
+    "lci-unbounded": ("lci", {f"{_SHM}BUDGET": "1TiB"}),  # every process lends as much as its pools hold
 }
-SAMPLE_S = 0.2
-AFTER_S = 3.0
-
-
-def _shmem() -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no Shmem in /proc/meminfo")
+SAMPLE_S, AFTER_S = 0.2, 3.0
+_AFTER, _RELEASED = f"{AFTER_S:.0f} s after", f"{AFTER_S:.0f} s after the input is released"
+_MIB_ROWS = {"peak_shmem": "Shmem at the peak", "after_shmem": f"Shmem {_AFTER}",
+             "peak_pss": "summed PSS at the peak", "after_pss": f"summed PSS {_AFTER}",
+             "released_shmem": f"Shmem {_RELEASED}", "released_pss": f"summed PSS {_RELEASED}"}
 
 
 def _summed_pss() -> int:
-    import psutil
-
-    me = psutil.Process()
-    total = 0
+    me, total = psutil.Process(), 0
     for process in [me, *me.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):  # gone between listing and reading
             total += process.memory_full_info().pss
-        except psutil.Error:
-            pass  # gone between listing and reading
     return total
-
-
-def _memory_config(limits: str) -> dict[str, Any]:
-    if limits == "default":
-        return {}
-    return {f"distributed.worker.memory.{key}": False
-            for key in ("target", "spill", "pause", "terminate")}
-
-
-def _reactions(client: Any) -> dict[str, int]:
-    """Spills, pauses and restarts of the workers so far."""
-
-    def spilled(dask_worker: Any) -> float:
-        metrics = getattr(dask_worker.data, "cumulative_metrics", {})
-        return float(metrics.get(("disk-write", "count"), 0))
-
-    pauses = sum(1 for events in client.get_events().values() for _, event in events
-                 if isinstance(event, dict) and event.get("action") == "worker-status-change"
-                 and event.get("status") == "paused")
-    return {"spills": int(sum(client.run(spilled).values())), "pauses": pauses,
-            "workers": len(client.scheduler_info()["workers"])}
 
 
 def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]:
@@ -105,17 +51,17 @@ def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({f"c{i}": rng.random(rows) for i in range(8)})
     frame["k"] = rng.integers(0, 1_000_000, rows)
-    memory_limit: Any = 0 if limits == "off" else "auto"
-    with dask.config.set(_memory_config(limits)), LocalCluster(
-        protocol=scheme, n_workers=workers, threads_per_worker=1, memory_limit=memory_limit,
-        dashboard_address=":0",
+    off = {f"distributed.worker.memory.{key}": False for key in ("target", "spill", "pause", "terminate")}
+    with dask.config.set({} if limits == "default" else off), LocalCluster(
+        protocol=scheme, n_workers=workers, threads_per_worker=1,
+        memory_limit=0 if limits == "off" else "auto", dashboard_address=":0",
     ) as cluster, Client(cluster) as client:
         pids = set(client.run(os.getpid).values())
         df = dd.from_pandas(frame, npartitions=64).persist()
         client.wait_for_workers(workers)
         len(df)
         del frame
-        with Sampler(lambda: (_shmem(), _summed_pss()), SAMPLE_S) as sampler:
+        with Sampler(lambda: (proc_bytes("/proc/meminfo", "Shmem:"), _summed_pss()), SAMPLE_S) as sampler:
             time.sleep(1.0)
             start = time.monotonic()
             shuffled = len(df.shuffle("k", shuffle_method="p2p").persist())
@@ -125,58 +71,42 @@ def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]
             end = time.monotonic()
             time.sleep(AFTER_S)
             after = sampler.samples[-1]
-            # What stays is the input the client sent in its graph, kept by
-            # the workers (and the scheduler, to recompute): let it go too.
+            # The input, sent in the client's graph, stays with the workers (and the scheduler, to
+            # recompute it) and over lci in the shared memory it was received in: let it go too.
             client.cancel(df)
             del df
             time.sleep(AFTER_S)
             released = sampler.samples[-1]
         if shuffled != rows or not 0.49 < total / array.size < 0.51:
             raise RuntimeError(f"wrong results: {shuffled} rows, mean {total / array.size}")
-        reactions = _reactions(client)
-        reactions["restarts"] = len(set(client.run(os.getpid).values()) - pids)
+        # What Dask's memory management did: spills, pauses and restarts of the workers.
+        spills = client.run(lambda dask_worker: getattr(dask_worker.data, "cumulative_metrics", {}).get(
+            ("disk-write", "count"), 0))
+        pauses = sum(1 for events in client.get_events().values() for _, event in events
+                     if isinstance(event, dict) and event.get("action") == "worker-status-change"
+                     and event.get("status") == "paused")
         peak_shmem, peak_pss = sampler.peak(start, end)
         return {"shuffle_s": middle - start, "rechunk_s": end - middle,
-                "peak_shmem": peak_shmem, "peak_pss": peak_pss,
-                "after_shmem": after[1], "after_pss": after[2],
-                "released_shmem": released[1], "released_pss": released[2], **reactions}
-
-
-def _run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    scheme, env = CONFIGS[name]
-    command = [sys.executable, "-m", "benchmarks.cluster_memory", "--one", scheme,
-               "--workers", str(args.workers), "--rows", str(args.rows),
-               "--memory-limits", args.memory_limits]
-    done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=args.timeout, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+                "peak_shmem": peak_shmem, "peak_pss": peak_pss, "after_shmem": after[1],
+                "after_pss": after[2], "released_shmem": released[1], "released_pss": released[2],
+                "spills": int(sum(spills.values())), "pauses": pauses,
+                "restarts": len(set(client.run(os.getpid).values()) - pids),
+                "workers": len(client.scheduler_info()["workers"])}
 
 
 def _table(results: dict[str, list[dict[str, Any]]]) -> str:
-    rows = [("shuffle + rechunk, s", lambda r: f"{r['shuffle_s']:.1f} + {r['rechunk_s']:.1f}"),
-            ("Shmem at the peak, MiB", lambda r: f"{r['peak_shmem'] / MiB:,.0f}"),
-            (f"Shmem {AFTER_S:.0f} s after, MiB", lambda r: f"{r['after_shmem'] / MiB:,.0f}"),
-            ("summed PSS at the peak, MiB", lambda r: f"{r['peak_pss'] / MiB:,.0f}"),
-            (f"summed PSS {AFTER_S:.0f} s after, MiB", lambda r: f"{r['after_pss'] / MiB:,.0f}"),
-            (f"Shmem {AFTER_S:.0f} s after the input is released, MiB",
-             lambda r: f"{r['released_shmem'] / MiB:,.0f}"),
-            (f"summed PSS {AFTER_S:.0f} s after the input is released, MiB",
-             lambda r: f"{r['released_pss'] / MiB:,.0f}"),
-            ("spills / pauses / restarts",
-             lambda r: f"{r['spills']} / {r['pauses']} / {r['restarts']}")]
-    names = list(results)
-    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for label, cell in rows:
-        cells = [", ".join(cell(r) for r in results[name]) for name in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("shuffle + rechunk, s", lambda r: f"{r['shuffle_s']:.1f} + {r['rechunk_s']:.1f}"),
+        *((f"{label}, MiB", lambda r, key=key: f"{r[key] / MiB:,.0f}") for key, label in _MIB_ROWS.items()),
+        ("spills / pauses / restarts", lambda r: f"{r['spills']} / {r['pauses']} / {r['restarts']}")]
+    lines = ["| | " + " | ".join(results) + " |", "|---" * (len(results) + 1) + "|"]
+    for label, cell in cells:
+        lines.append(f"| {label} | " + " | ".join(", ".join(map(cell, rs)) for rs in results.values()) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cluster_memory",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {_MODULE}", description=__doc__)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--rows", type=int, default=16_000_000)
     parser.add_argument("--rounds", type=int, default=1)
@@ -189,21 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(measure(args.one, args.workers, args.rows, args.memory_limits)))
         return 0
-    names = [name.strip() for name in args.configs.split(",")]
-    unknown = [name for name in names if name not in CONFIGS]
-    if unknown:
-        parser.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
+    names = config_names(parser, args.configs, CONFIGS)
+    one = ["--workers", str(args.workers), "--rows", str(args.rows), "--memory-limits", args.memory_limits]
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
-            results[name].append(_run_config(name, args))
+            scheme, env = CONFIGS[name]
+            results[name].append(run_module(name, _MODULE, ["--one", scheme, *one], env, args.timeout))
     print(_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
-                                                  if k not in ("json", "one")},
-                                         "results": results}, indent=1))
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
+        args.json.write_text(json.dumps({"args": settings, "results": results}, indent=1))
     return 0
 
 

@@ -1,135 +1,284 @@
-"""Side-by-side benchmarks of Dask comm backends (``lci``, ``tcp``, ``ucxx``),
-and of lci over each of its providers: the LCI paper's microbenchmarks on
-Dask's Comm API.
+"""The LCI paper's microbenchmarks on Dask's Comm API, side by side: ping-pong
+8 B .. 64 MiB, flood, nchains, and the CPU an idle cluster burns; over
+schemes (lci, tcp, ucxx), lci pinned to one provider, and lci with one knob
+switched (``variants``: the paper's design-choice study).
 
-* ping-pong sweep, 8 B .. 64 MiB: latency where small, bandwidth where large;
-* flood: message rate of one-way writes, 8 B and 16 KiB, 1, 4 and 16
-  concurrent senders (comms);
-* nchains: 1 .. 1024 comms doing round trips at once: latency under load;
-* idle: the CPU time an idle ``LocalCluster`` burns.
-
-The special case of :mod:`benchmarks._harness` where the configurations are
-plain schemes, with whatever environment the harness itself was started in,
-and lci pinned to one provider (:data:`PINNED`: ``lci-tcp``, the path between
-hosts, ``lci-ucx``, UCX, and ``lci-ofi``, libfabric -- the ``providers`` variants of
-:mod:`benchmarks.variants` under these labels; plain ``lci`` runs the default
-providers, shared memory on one host) -- plus, with ``baseline``, lci as
-built in another directory (``lci@baseline``, see
-:func:`benchmarks._configurations.baseline_build`).  The table has one row per
-benchmark metric and one column per configuration, plus ``<label>/tcp``
-ratio columns, ``lci/lci@baseline``, ``lci/ucxx``, ``lci-ucx/ucxx``,
-``lci-ofi/ucxx`` and ``lci-ofi/lci-ucx`` when both take part.
+``python -m benchmarks comm [--schemes NAMES] ...`` and
+``python -m benchmarks variants [--variants NAMES] ...``; methodology in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from time import monotonic
 from typing import Any
 
-from benchmarks._comm_suite import BENCHMARK_NAMES, make_run_config, run_comm_round
-from benchmarks._configurations import BASELINE_BUILD, Configuration, with_baseline_build
-from benchmarks._harness import Report, RunConfig
-from benchmarks._harness import run as _run
-from benchmarks._harness import to_json as _to_json
-from benchmarks._idle import IDLE_KIND
-from benchmarks._progress import SILENT, Progress
-from benchmarks._tables import common_footnotes, idle_footnote, medians_table, unit_label
-from benchmarks.variants import VARIANTS_BY_NAME
+from benchmarks import _runner
+from benchmarks._cluster import measure_idle
+from benchmarks._comm_peers import BenchSpec, Measurement, Server, client_main, server_main
+from benchmarks._contenders import BASELINE_BUILD, STARTUP_TIMEOUT_S, Configuration, with_baseline
+from benchmarks._floor_comm import SCHEME as FLOOR
+from benchmarks._procs import PeerError, expect, receive, spawned
+from benchmarks._runner import Benchmark, Metric, Record, size_name
 
-__all__ = ["BENCHMARK_NAMES", "BASELINE", "DEFAULT_SCHEMES", "DEFAULT_NAMES", "PINNED",
-           "make_config", "run", "format_table", "to_json", "ratio_pairs"]
+KiB, MiB = 2**10, 2**20
+IDLE = "idle"
 
-#: The scheme that ratio columns divide by.
-BASELINE = "tcp"
+#: Idle CPU time is reported per this many seconds of idleness.
+IDLE_PER_S = 10.0
 
-#: The plain schemes, as ``dask`` runs them too: ucxx shows as "not
-#: installed" where the ``ucx`` extra is missing.
-DEFAULT_SCHEMES = ("lci", "tcp", "ucxx")
+LATENCY = Metric("latency", "us/round trip", False)
+BANDWIDTH = Metric("bandwidth", "MiB/s, 2*size*n/t", True)
+MESSAGES = Metric("rate", "messages/s", True)
+ALL_CHAINS = Metric("rate", "round trips/s, all comms", True)
+CHAIN_LATENCY = Metric("latency", "us/round trip, each comm", False)
+IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False)
 
-#: lci pinned to one provider, by label: its peers fail rather than measure
-#: a fallback to tcp, and lci-ucx shows as "not installed" without ucxx.
-LCI_TCP = VARIANTS_BY_NAME["providers-tcp"].configuration("lci-tcp")
-LCI_UCX = VARIANTS_BY_NAME["providers-ucx"].configuration("lci-ucx")
-LCI_OFI = VARIANTS_BY_NAME["providers-ofi"].configuration("lci-ofi")
-PINNED = {c.label: c for c in (LCI_TCP, LCI_UCX, LCI_OFI)}
 
-#: What runs when no names are given: each lci next to its plain ``lci``.
+def values(m: Measurement, spec: BenchSpec) -> dict[str, float]:
+    """A measurement's metrics (see the ``Metric`` constants)."""
+    if spec.kind == IDLE:
+        return {"cpu": (m.cpu_seconds or 0.0) / m.seconds * IDLE_PER_S}
+    per_s = m.count / m.seconds
+    if spec.kind == "pingpong":
+        return {"latency": 1e6 / per_s, "bandwidth": 2 * spec.payload_bytes * per_s / MiB}
+    if spec.kind == "nchains":
+        return {"rate": per_s, "latency": spec.comms * 1e6 / per_s}
+    return {"rate": per_s}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A benchmark with its budgets as ``(quick, full)`` pairs."""
+
+    name: str
+    kind: str
+    payload_bytes: int
+    metrics: tuple[Metric, ...]
+    duration_s: tuple[float, float]
+    max_count: tuple[int, int]
+    warmup: tuple[int, int]
+    comms: int = 1
+    settle_s: tuple[float, float] = (0.0, 0.0)
+
+    def build(self, quick: bool, scale: float) -> Benchmark:
+        """``scale`` shortens timed windows (not count caps) for long runs."""
+        i = 0 if quick else 1
+        duration = self.duration_s[i] * scale
+        return Benchmark(BenchSpec(
+            self.name, self.kind, self.payload_bytes, duration, self.max_count[i],
+            self.warmup[i], self.settle_s[i] + duration + (15.0 if quick else 60.0), self.comms,
+            self.settle_s[i]), self.metrics)
+
+
+def _pingpong(size: int) -> _Plan:
+    big = size >= 16 * MiB
+    return _Plan(f"pingpong-{size_name(size)}", "pingpong", size, (LATENCY, BANDWIDTH),
+                 (0.2, 1.5) if big else (0.05, 0.3), (200, 200_000),
+                 (1, 1) if big else (2, 100 if size <= 64 * KiB else 5))
+
+
+PLANS = (
+    *(_pingpong(size) for size in (8, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB,
+                                   16 * MiB, 64 * MiB)),
+    *(_Plan(f"flood-{size_name(size)}-x{n}", "flood", size, (MESSAGES,), (0.05, 0.5),
+            (500, 2_000_000), (2, 20), comms=n) for size in (8, 16 * KiB) for n in (1, 4, 16)),
+    *(_Plan(f"nchains-{n}", "nchains", 8, (ALL_CHAINS, CHAIN_LATENCY), (0.05, 0.5),
+            (5, 100_000), (1, 2), comms=n) for n in (1, 4, 16, 64, 256, 1024)),
+    _Plan(IDLE, IDLE, 0, (IDLE_CPU,), (1.0, 10.0), (1, 1), (0, 0), settle_s=(0.5, 2.0)),
+)
+BENCHMARK_NAMES = tuple(p.name for p in PLANS)
+
+#: What ``variants`` measures by default: the paper's table, and bandwidth.
+VARIANT_BENCHMARKS = ("pingpong-8B", "flood-8B-x1", "flood-8B-x16", "nchains-64",
+                      "pingpong-1MiB", "pingpong-64MiB")
+
+LCI = "distributed.comm.lci"
+_OFI = {"ofi.provider": "tcp;ofi_rxm", "ofi.node": "127.0.0.1"}
+_OFI_MODULE = "dask_lcicomm.providers._ofi"
+
+
+def variant(label: str, knobs: dict[str, Any], requires: str | None = None) -> Configuration:
+    """lci with ``knobs`` (keys under ``distributed.comm.lci``) set in every
+    process; a ``providers`` variant is pinned to its first provider."""
+    providers = knobs.get("providers")
+    return Configuration(label, "lci", tuple((f"{LCI}.{k}", v) for k, v in knobs.items()),
+                         provider=providers[0] if providers else None, requires=requires)
+
+
+VARIANTS = {c.label: c for c in (
+    variant("thread", {"progress": "thread"}),
+    variant("thread-2", {"progress": "thread", "progress-threads": 2}),
+    variant("sync", {"completion": "sync"}),
+    variant("ndevices-2", {"ndevices": 2}),
+    variant("ndevices-4", {"ndevices": 4}),
+    variant("aggregation", {"aggregation": True}),
+    variant("eager-0", {"eager-threshold": 0}),
+    variant("eager-1MiB", {"eager-threshold": "1MiB"}),
+    variant("fragment-256KiB", {"fragment-size": "256KiB"}),
+    variant("fragment-4MiB", {"fragment-size": "4MiB"}),
+    variant("poll-100us", {"shm.poll-window": "100us"}),
+    variant("poll-500us", {"shm.poll-window": "500us"}),
+    variant("poll-2ms", {"shm.poll-window": "2ms"}),
+    variant("shm-reads", {"shm.pool-size": 0}),
+    variant("shm-ring", {"shm.pool-size": 0, "shm.rendezvous-bytes": 0}),
+    variant("providers-tcp", {"providers": ["tcp"]}),
+    variant("providers-shm", {"providers": ["shm", "tcp"]}),
+    variant("providers-ucx", {"providers": ["ucx", "tcp"]}, requires="ucxx"),
+    variant("providers-ofi", {"providers": ["ofi", "tcp"], **_OFI}, requires=_OFI_MODULE),
+    variant("providers-ofi-sends", {"providers": ["ofi", "tcp"], **_OFI,
+                                    "ofi.rendezvous-bytes": 0}, requires=_OFI_MODULE),
+)}
+
+#: lci pinned to one provider: the fabric between hosts, UCX, libfabric.
+PINNED = {label: replace(VARIANTS[f"providers-{label.removeprefix('lci-')}"], label=label)
+          for label in ("lci-tcp", "lci-ucx", "lci-ofi")}
+SCHEMES = ("lci", "tcp", "ucxx")
 DEFAULT_NAMES = ("lci", *PINNED, "tcp", "ucxx")
 
-#: Ratio columns beyond ``<x>/tcp``: this build against an earlier one, and
-#: the comparisons the project is judged on (UCX's own against lci's).
-_EXTRA_PAIRS = (("lci", BASELINE_BUILD), ("lci", "ucxx"), (LCI_UCX.label, "ucxx"),
-                (LCI_OFI.label, "ucxx"), (LCI_OFI.label, LCI_UCX.label))
+#: Ratio columns beyond ``<x>/tcp``: the comparisons the project is judged on.
+_EXTRA_PAIRS = (("lci", BASELINE_BUILD), ("lci", "ucxx"), ("lci-ucx", "ucxx"),
+                ("lci-ofi", "ucxx"), ("lci-ofi", "lci-ucx"))
 
 
-def make_config(
-    names: Sequence[str] | None = None,
-    quick: bool = False,
-    rounds: int | None = None,
-    only: Iterable[str] | None = None,
-    baseline: str | os.PathLike[str] | None = None,
-) -> RunConfig:
-    """One configuration per name (de-duplicated, order kept; default
-    :data:`DEFAULT_NAMES`): a label of :data:`PINNED`, else a scheme; plus
-    ``lci@baseline`` (lci built in the directory ``baseline``) if given;
-    5 rounds, or 1 with ``quick``."""
-    return make_run_config(
-        with_baseline_build(
-            [PINNED.get(name) or Configuration.of_scheme(name)
-             for name in dict.fromkeys(names or DEFAULT_NAMES)],
-            baseline),
-        quick=quick,
-        rounds=rounds or (1 if quick else 5),
-        only=only,
-    )
-
-
-def run(config: RunConfig, progress: Progress = SILENT) -> Report:
-    """Every scheme once per round, rounds alternating (see the harness)."""
-    return _run(config, run_comm_round, progress, title="comm")
+def configurations(names: Sequence[str], baseline: str | None = None) -> list[Configuration]:
+    """A pinned lci or variant by label, else a scheme; plus ``lci@baseline``."""
+    chosen = [PINNED.get(n) or VARIANTS.get(n) or Configuration.of_scheme(n)
+              for n in dict.fromkeys(names)]
+    return with_baseline(chosen, baseline)
 
 
 def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
-    """``(label, baseline)`` of every ratio column: each label against tcp
-    (if tcp takes part), then lci against lci@baseline and against ucxx, and
-    lci-ucx against ucxx (if both of a pair do)."""
-    pairs = [(label, BASELINE) for label in labels if BASELINE in labels and label != BASELINE]
-    pairs.extend(pair for pair in _EXTRA_PAIRS if set(pair) <= set(labels))
-    return pairs
+    pairs = [(label, "tcp") for label in labels if "tcp" in labels and label != "tcp"]
+    return pairs + [pair for pair in _EXTRA_PAIRS if set(pair) <= set(labels)]
 
 
-def format_table(report: Report) -> str:
-    """The summary table (medians) plus footnotes explaining how to read it."""
-    lines = medians_table(
-        report, ("benchmark", "metric [unit]"), lambda bench, metric: unit_label(metric),
-        lambda bench, metric, label, baseline: report.ratio(bench, metric, label, baseline),
-        ratio_pairs(report.config.labels),
-    )
-    return "\n".join([*lines, "", *_footnotes(report)])
+def benchmarks(only: Sequence[str] | None, quick: bool, default: Sequence[str] = BENCHMARK_NAMES,
+               scale: float = 1.0) -> list[Benchmark]:
+    wanted = _runner.select(only, default, BENCHMARK_NAMES)
+    return [p.build(quick, scale) for p in PLANS if p.name in wanted]
 
 
-def _footnotes(report: Report) -> list[str]:
-    config = report.config
-    explanations = [
-        "Ratios: <x>/<y> of the medians, >1 means <x> is better "
-        "(for lower-is-better metrics the ratio is <y>/<x>).",
-        "flood-<size>-x<n>: n comms of one client process write at once; nchains-<n>: n comms "
-        "doing round trips at once, 'each comm' is the round-trip time one of them saw.",
-    ] if ratio_pairs(config.labels) else []
-    pinned = [c for c in config.configurations if c.label in PINNED]
-    if pinned:
-        explanations.append(
-            f"{', '.join(f'{c.label} (lci over {c.provider})' for c in pinned)}: lci with "
-            f"distributed.comm.lci.providers starting with that provider; every comm and every "
-            f"link of the idle cluster is checked to run over it, and fails otherwise (lci "
-            f"would fall back to tcp). Plain lci: the default providers (shared memory on one "
-            f"host).")
-    explanations.extend(idle_footnote(bench.spec, BASELINE) for bench in config.benchmarks
-                        if bench.spec.kind == IDLE_KIND)
-    return common_footnotes(report, explanations)
+def run_round(c: Configuration, benches: list[Benchmark], index: int,
+              record: Callable[[Record], None]) -> None:
+    """The comm benchmarks in one fresh server/client pair, then ``idle`` on
+    a cluster of its own, once the pair is gone."""
+    specs = [b.spec for b in benches]
+    comm_specs = [s for s in specs if s.kind != IDLE]
+    answered = 0
+    try:
+        if comm_specs:
+            for spec, (kind, name, payload) in _answers(comm_specs, c):
+                if name != spec.name:
+                    raise PeerError(f"peer answered {name!r} while {spec.name!r} was expected")
+                record(_record(spec, c.label, index, payload) if kind == "result"
+                       else Record(name, c.label, index, error=payload))
+                answered += 1
+    except PeerError as exc:
+        for spec in comm_specs[answered:]:
+            record(Record(spec.name, c.label, index, error=str(exc)))
+    for spec in specs:
+        if spec.kind == IDLE:
+            record(run_idle(spec, c, index))
 
 
-def to_json(report: Report) -> dict[str, Any]:
-    """Raw and summarised numbers with the table's ratios."""
-    return _to_json(report, ratio_pairs(report.config.labels))
+def _record(spec: BenchSpec, label: str, index: int, m: Measurement) -> Record:
+    return Record(spec.name, label, index, values(m, spec),
+                  {"count": m.count, "seconds": m.seconds, "cpu_seconds": m.cpu_seconds})
+
+
+def _answers(specs: list[BenchSpec], c: Configuration) -> Any:
+    """Each spec with the client's answer, from a server and a client
+    process that both carry the configuration; both stopped at the end."""
+    with (spawned(server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides,
+                  pythonpath=c.pythonpath) as server,
+          spawned(client_main, name=f"{c.label}-client", dask_config=c.overrides,
+                  pythonpath=c.pythonpath) as client):
+        address = expect(server, "ready", STARTUP_TIMEOUT_S)
+        client.conn.send((Server(address, c.provider), specs))
+        deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
+        for spec in specs:
+            yield spec, receive(client, deadline - monotonic())
+        server.conn.close()
+
+
+def run_idle(spec: BenchSpec, c: Configuration, index: int) -> Record:
+    if c.scheme == FLOOR:
+        return Record(spec.name, c.label, index, error="floor:// is a reference for the comm API alone: "
+                      "no cluster runs on it")
+    try:
+        m = measure_idle(c, spec.settle_s, spec.duration_s, spec.timeout_s)
+    except PeerError as exc:
+        return Record(spec.name, c.label, index, error=str(exc))
+    return _record(spec, c.label, index, m)
+
+
+def _unit(bench: Benchmark, metric: Metric) -> str:
+    return metric.unit if metric.higher_is_better else f"{metric.unit} (lower=better)"
+
+
+def variants_table(result: _runner.Run) -> str:
+    """A row per variant, a column per benchmark: its ratio to default lci
+    on the headline metric, under lci's absolute medians and their spread."""
+    benches = result.benchmarks
+    settings = {c.label: " ".join(f"{k.removeprefix(LCI + '.')}={_yaml(v)}"
+                                  for k, v in c.dask_config) or f"{c.scheme}://"
+                for c in result.configurations if c.label != "lci"}
+
+    def spread(b: Benchmark) -> str:
+        got = [v for v in result.values(b, b.metrics[0], "lci") if v]
+        return _runner.format_ratio(max(got) / min(got) if len(got) > 1 else None)
+
+    def cell(b: Benchmark, label: str) -> str:
+        s = result.status[label]
+        return _runner.format_ratio(result.ratio(b, b.metrics[0], label, "lci")) \
+            if s.available else s.label
+
+    rows = [["variant", "setting", *(b.name for b in benches)],
+            ["", "", *(b.metrics[0].unit for b in benches)],
+            ["lci (default)", "absolute medians",
+             *(_runner.median_cell(result, b, b.metrics[0], "lci") for b in benches)],
+            ["lci (default)", "spread: max/min of its rounds", *map(spread, benches)],
+            *([label, setting, *(cell(b, label) for b in benches)]
+              for label, setting in settings.items())]
+    return "\n".join([*_runner.align(rows, 2, (2, 4)), "", *_runner.notes(result)])
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(_yaml, value))}]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
+    is_variants = command == "variants"
+    names = VARIANTS if is_variants else (*DEFAULT_NAMES, *VARIANTS)
+    p = _runner.parser(command, __doc__.splitlines()[0], BENCHMARK_NAMES, "5, quick: 1")
+    flag = "--variants" if is_variants else "--schemes"
+    p.add_argument(flag, dest="names", type=_runner.csv, metavar="NAMES",
+                   help=f"comma-separated, of: {','.join(names)}; or any scheme")
+    args = p.parse_args(argv)
+    try:
+        if is_variants:
+            unknown = set(args.names or ()) - set(VARIANTS)
+            if unknown:
+                raise ValueError(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+            chosen = configurations(["lci", "tcp", *(args.names or VARIANTS)], args.baseline)
+            benches = benchmarks(args.benchmarks, args.quick, VARIANT_BENCHMARKS,
+                                 1.0 if args.quick else 0.5)
+        else:
+            chosen = configurations(args.names or DEFAULT_NAMES, args.baseline)
+            benches = benchmarks(args.benchmarks, args.quick)
+        rounds = args.rounds or (1 if args.quick else 5)
+        if rounds < 1:
+            raise ValueError("rounds must be >= 1")
+    except ValueError as exc:
+        p.error(str(exc))
+    result = _runner.run(command, chosen, benches, rounds, args.quick, run_round, server_main)
+    pairs = ([(label, "lci") for label in result.labels if label != "lci"] if is_variants
+             else ratio_pairs(result.labels))
+    text = variants_table(result) if is_variants else _runner.table(
+        result, ("benchmark", "metric [unit]"), _unit, pairs)
+    return _runner.finish(args, text, _runner.to_json(result, pairs))

@@ -1,16 +1,6 @@
-"""Figures of a run, drawn from its JSON (what ``--json`` writes), so that a
-saved run can be drawn again without measuring anything.
-
-* ``comm``: latency and bandwidth against message size, message-rate bars,
-  the nchains curve;
-* ``variants``: each variant's ratio to the default lci per benchmark;
-* ``dask``: time bars per graph and configuration;
-* ``budget``: stacked bars of a round trip's categories.
-
-Every figure shows medians; where a configuration ran more than one round,
-error bars (or a band) span its fastest and slowest round, so a reader sees
-how much of a difference is noise.
-"""
+"""Figures of a run, drawn from its JSON, so that a saved run can be drawn
+again: medians, with bars or bands over the fastest and slowest round, so
+that a reader sees how much of a difference is noise."""
 
 from __future__ import annotations
 
@@ -26,13 +16,8 @@ import matplotlib.pyplot as plt  # after choosing the backend
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from benchmarks._comm_suite import size_name
-
-__all__ = ["plot", "PLOTTERS"]
-
 Json = Mapping[str, Any]
 
-#: The figures' size in inches and resolution: readable in a README.
 _SIZE = (7.5, 4.5)
 _DPI = 110
 
@@ -47,12 +32,10 @@ def _specs(data: Json) -> dict[str, Json]:
 
 
 def _measured(data: Json) -> list[str]:
-    """Configurations that ran (an unavailable one has nothing to draw)."""
     return [label for label, status in data["status"].items() if status["available"]]
 
 
 def _spread(result: Json, label: str) -> tuple[float, float, float] | None:
-    """Median, fastest and slowest successful round; None without any."""
     numbers = result["per_configuration"][label]
     rounds = [v for v in numbers["rounds"] if v is not None]
     if numbers["median"] is None or not rounds:
@@ -84,11 +67,7 @@ def _save(fig: Any, data: Json, outdir: Path, name: str) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------- comm
-
-
 def _curve(ax: Any, data: Json, results: list[Json], x_of: Callable[[Json], float]) -> None:
-    """One line per configuration through its medians, a band over its rounds."""
     for label in _measured(data):
         points = sorted(
             (x_of(r), *spread) for r in results if (spread := _spread(r, label)) is not None
@@ -109,8 +88,9 @@ def _sweep(data: Json, outdir: Path, metric: str, ylabel: str, name: str) -> Pat
     _curve(ax, data, results, lambda r: specs[r["benchmark"]]["payload_bytes"])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    sizes = sorted(specs[r["benchmark"]]["payload_bytes"] for r in results)
-    ax.set_xticks(sizes, [size_name(s) for s in sizes], rotation=45)
+    ticks = sorted((specs[r["benchmark"]]["payload_bytes"], r["benchmark"].split("-")[1])
+                   for r in results)
+    ax.set_xticks([size for size, _ in ticks], [name for _, name in ticks], rotation=45)
     ax.set_xlabel("message size (one ping-pong message)")
     ax.set_ylabel(ylabel)
     ax.set_title(_title(data, f"Ping-pong {metric} against message size"), fontsize=10)
@@ -118,7 +98,6 @@ def _sweep(data: Json, outdir: Path, metric: str, ylabel: str, name: str) -> Pat
 
 
 def _grouped_bars(ax: Any, data: Json, results: list[Json], labels: Sequence[str]) -> None:
-    """A group of bars per result, one bar per label, whiskers over its rounds."""
     width = 0.8 / max(len(labels), 1)
     positions = np.arange(len(results))
     for i, label in enumerate(labels):
@@ -156,8 +135,6 @@ def _nchains(data: Json, outdir: Path) -> Path:
 
 
 def plot_comm(data: Json, outdir: Path) -> list[Path]:
-    """The figures of the benchmark families the run measured (``--benchmarks``
-    may have left some out)."""
     def measured(prefix: str) -> bool:
         return any(r["benchmark"].startswith(prefix) for r in data["results"])
 
@@ -175,11 +152,7 @@ def plot_comm(data: Json, outdir: Path) -> list[Path]:
     return figures
 
 
-# ------------------------------------------------------------------ variants
-
-
 def _headlines(data: Json) -> list[Json]:
-    """Each benchmark's first metric: the one the variants table shows."""
     seen: dict[str, Json] = {}
     for result in data["results"]:
         seen.setdefault(result["benchmark"], result)
@@ -216,9 +189,6 @@ def plot_variants(data: Json, outdir: Path) -> list[Path]:
     return [_save(fig, data, outdir, "variants.png")]
 
 
-# ---------------------------------------------------------------------- dask
-
-
 def plot_dask(data: Json, outdir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(_SIZE[0] * 1.2, _SIZE[1]))
     _grouped_bars(ax, data, _results(data, "", "time"), _measured(data))
@@ -228,15 +198,9 @@ def plot_dask(data: Json, outdir: Path) -> list[Path]:
     return [_save(fig, data, outdir, "dask.png")]
 
 
-# -------------------------------------------------------------------- budget
-
-
 def plot_budget(data: Json, outdir: Path) -> list[Path]:
-    """``budget-<size>.png`` per payload size: one stacked bar per
-    configuration whose segments are the categories of a round trip (both
-    processes on CPU, then the wait of neither), so the bar's height is the
-    profiled round trip; a black tick marks the round trip without the
-    profiler, a dashed line the in-process serialization cost every comm pays."""
+    """Per size, a stacked bar of a round trip's categories per configuration,
+    a tick for the unprofiled round trip, a line for serialization alone."""
     return [_plot_budget_size(data, size, cells, outdir) for size, cells in data["budget"].items()]
 
 
@@ -280,7 +244,7 @@ PLOTTERS: dict[str, Callable[[Json, Path], list[Path]]] = {
 }
 
 
-def plot(command: str, data: Json, outdir: Path) -> list[Path]:
-    """Draw ``command``'s figures from its JSON into ``outdir``; their paths."""
+def plot(data: Json, outdir: Path) -> list[Path]:
+    """Draw a saved run's figures into ``outdir``; their paths."""
     outdir.mkdir(parents=True, exist_ok=True)
-    return PLOTTERS[command](data, outdir)
+    return PLOTTERS[data["command"]](data, outdir)

@@ -1,21 +1,17 @@
-"""A saved run as a page of the docs: its environment, tables and figures,
-all from the run's JSON, so that a published result is never typed by hand.
-
-``python -m benchmarks report RESULTS.json --page OUT.md [--plot DIR]``; the
-docs build calls :func:`write_page` for every run in ``docs/results/``.
-Without ``--page`` it prints the run's table, or the part of it that
-``--rows``, ``--labels`` and ``--ratios`` choose (the README's table is one).
-"""
+"""A saved run as a table, a page of the docs or figures, all from its JSON,
+so that a published result is never typed by hand (the docs build calls
+:func:`write_page` for every run in ``docs/results/``)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._format import format_number, format_ratio
+from benchmarks._runner import csv, format_number, format_ratio, progress
 
 Json = dict[str, Any]
 
@@ -138,7 +134,34 @@ def write_page(results: Path, out: Path, figure_dir: Path | None = None) -> Path
     figures: list[Path] = []
     if figure_dir is not None:
         figure_dir.mkdir(parents=True, exist_ok=True)
-        figures = plot(data["command"], data, figure_dir)
+        figures = plot(data, figure_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page(data, figures, out.parent))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks report",
+                                description="a saved run (--json) as a table, a page or figures")
+    p.add_argument("results", type=Path, metavar="RESULTS.json")
+    p.add_argument("--page", type=Path, metavar="OUT.md", help="write the run as a page there")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="draw the run's figures into DIR")
+    p.add_argument("--rows", type=csv, metavar="BENCHMARK:METRIC,...", help="only these rows")
+    p.add_argument("--labels", type=csv, metavar="NAMES", help="only these columns")
+    p.add_argument("--ratios", type=csv, metavar="NAMES", help="only these ratios")
+    args = p.parse_args(argv)
+    if args.page is not None:
+        progress(f"wrote {write_page(args.results, args.page, args.plot)}")
+        return 0
+    data = json.loads(args.results.read_text())
+    if args.plot is not None:
+        from benchmarks.plots import plot
+
+        for path in plot(data, args.plot):
+            progress(f"wrote {path}")
+        return 0
+    try:
+        print(results_table(data, args.rows, args.ratios, args.labels))
+    except ValueError as exc:
+        p.error(str(exc))
+    return 0

@@ -1,189 +1,208 @@
-"""``python -m benchmarks workloads``: the workloads users run, over each
-scheme, in the settings where Dask runs.
-
-The workloads (:mod:`benchmarks._workload_suite`) are small versions of the
-tests the Dask maintainers watch for regressions. Each setting is a cluster
-of single-threaded workers:
-
-* ``local-2``, ``local-16``: a ``LocalCluster`` of 2 or 16 workers on this host,
-  with its scheduler in the process that runs the workloads (the client's);
-* ``hosts-10gbit``, ``hosts-1gbit``: 4 simulated hosts (network namespaces,
-  egress limited with ``tc tbf``) with 2 workers each, and the scheduler and
-  the client on a fifth (the root namespace); needs root.
-
-Rounds alternate the schemes, in an order rotated every round; each round of
-a scheme starts a fresh cluster and runs every workload ``--repeat`` times
-(once by default), after one untimed run of it at a tiny size (imports, first
-connections). The first timed run finds the cluster as it started: memory
-its comm has not touched yet is committed on the way (lci's shared memory,
-the receive buffers of any scheme). The runs after it (rows ``... warm``)
-find what the first run left. What is measured around each timed part is in
-:mod:`benchmarks._workload_measure`; the tables report medians over the rounds
-and ratios against tcp and ucxx.
-"""
+"""``python -m benchmarks workloads``: the workloads users run (:mod:`benchmarks._workload_suite`)
+over each scheme in alternating rounds, on one host and across simulated hosts. What it measures
+and why: docs/benchmarks.md, "Workloads"."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from benchmarks._environment import environment_facts
-from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
-from benchmarks._workload_suite import BY_NAME, WORKLOADS
+import psutil
+from distributed import Client, LocalCluster
 
-#: Size of the untimed run before each workload.
-WARM_UP_SIZE = 0.01
-#: Seconds a cluster may take to start, plus this per worker.
-STARTUP_S, STARTUP_PER_WORKER_S = 60.0, 4.0
-#: Seconds one workload (with its warm-up) may take before its round is given up.
-WORKLOAD_TIMEOUT_S = 300.0
+from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
+from benchmarks._runner import environment_facts
+from benchmarks._sampler import Sampler
+from benchmarks._testbed import testbed
+from benchmarks._workload_suite import BY_NAME, WORKLOADS
+from dask_lcicomm.testing.netns import unavailable
+
+WARM_UP_SIZE = 0.01  # of the untimed run before each workload: imports, first connections
+STARTUP_S, STARTUP_PER_WORKER_S = 60.0, 4.0  # for a cluster to start, and more per worker
+WORKLOAD_TIMEOUT_S = 300.0  # for one workload and its warm-up, before its round is given up
 SCHEMES = ("lci", "tcp", "ucxx")
-#: What each scheme needs beyond this package's dependencies.
-REQUIRES = {"ucxx": "distributed_ucxx"}
+REQUIRES = {"ucxx": "distributed_ucxx"}  # what a scheme needs beyond our dependencies
+SAMPLE_S = 0.1  # between samples of the cluster's memory
+#: What is measured around a timed part, in the order :meth:`Meter.timed` measures it.
+KEYS = ("seconds", "cpu_seconds", "system_seconds", "minor_faults", "peak_mib", "comm_seconds",
+        "graph_seconds", "share")
+_TICKS = os.sysconf("SC_CLK_TCK")  # per second, in /proc/<pid>/stat
+_progress = partial(print, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
 class Setting:
     name: str
     workers: int
-    #: Workers per simulated host; 0 for a ``LocalCluster`` on this host.
-    per_host: int = 0
+    per_host: int = 0  # workers per simulated host; 0: a LocalCluster on this host
     rate: str | None = None
-
-    @property
-    def hosts(self) -> int:
-        return self.workers // self.per_host if self.per_host else 1
 
     def describe(self) -> str:
         if not self.per_host:
             return f"LocalCluster(n_workers={self.workers}, threads_per_worker=1) on one host"
-        return (f"{self.hosts} simulated hosts x {self.per_host} workers (1 thread, nanny), "
-                f"egress {self.rate} each (tc tbf); scheduler and client on a fifth host")
+        return (f"{self.workers // self.per_host} simulated hosts x {self.per_host} workers (1 thread, "
+                f"nanny), egress {self.rate} each (tc tbf); scheduler and client on a fifth host")
+
+    @property
+    def startup_s(self) -> float:
+        return STARTUP_S + STARTUP_PER_WORKER_S * self.workers
 
 
-SETTINGS = (
-    Setting("local-2", 2),
-    Setting("local-16", 16),
-    Setting("hosts-10gbit", 8, per_host=2, rate="10gbit"),
-    Setting("hosts-1gbit", 8, per_host=2, rate="1gbit"),
-)
+SETTINGS = (Setting("local-2", 2), Setting("local-16", 16),
+            Setting("hosts-10gbit", 8, per_host=2, rate="10gbit"),
+            Setting("hosts-1gbit", 8, per_host=2, rate="1gbit"))
 _SETTING = {s.name: s for s in SETTINGS}
 
 
-# ------------------------------------------------------------------- driver
+def worker_comm_seconds(dask_worker: Any) -> float:
+    """On a worker: its seconds in transfers so far, by Dask's fine performance metrics."""
+    return sum(value for key, value in dask_worker.digests_total.items()
+               if isinstance(key, tuple) and key[-1:] == ("seconds",)
+               and ((key[0] == "gather-dep" and key[1] in ("network", "deserialize", "decompress"))
+                    or (key[0] == "p2p" and len(key) == 5 and key[2] == "background-comms"
+                        and key[3] in ("send", "serialize", "compress"))))
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return next((int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:")), 0)
+    except OSError:
+        return 0
+
+
+class Meter:
+    """Measures a timed part on ``client``'s cluster: this process, the scheduler's, the workers'
+    and their parents (the nannies' processes; this one for a ``LocalCluster``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        workers = set(client.run(os.getpid).values())
+        self.pids = {os.getpid(), client.run_on_scheduler(os.getpid), *workers}
+        for pid in workers:
+            with suppress(psutil.Error):
+                self.pids.add(psutil.Process(pid).ppid())
+        self.pids -= {0, 1}
+        self.last: dict[str, float] | None = None
+
+    def _counters(self) -> list[float]:
+        """CPU seconds, system seconds and minor faults, summed over the processes."""
+        totals = [0.0, 0.0, 0.0]
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    # After the command's ")": minflt is the 8th field, utime and stime the 12th, 13th.
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            user, kernel = int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
+            totals = [totals[0] + user + kernel, totals[1] + kernel, totals[2] + int(fields[7])]
+        return totals
+
+    def _comm(self) -> list[float]:
+        """The workers' mean seconds in transfers, and the scheduler's in taking in graphs."""
+        per_worker = self.client.run(worker_comm_seconds)
+        graph = self.client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.digests_total.get("update-graph-duration", 0.0))
+        return [sum(per_worker.values()) / max(len(per_worker), 1), float(graph)]
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        comm_before, counters_before = self._comm(), self._counters()  # no RPC in the window
+        with Sampler(lambda: (sum(_pss_bytes(pid) for pid in self.pids),), SAMPLE_S) as sampler:
+            start = time.perf_counter()
+            yield
+            seconds = time.perf_counter() - start
+        cpu, system, faults = (b - a for a, b in zip(counters_before, self._counters(), strict=True))
+        comm, graph = (b - a for a, b in zip(comm_before, self._comm(), strict=True))
+        share = min(1.0, (comm + graph) / seconds) if seconds > 0 else 0.0
+        values = (seconds, cpu, system, faults, sampler.peak()[0] / 2**20, comm, graph, share)
+        self.last = {k: round(v, 4) for k, v in zip(KEYS, values, strict=True)}
 
 
 def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | None,
                 names: list[str], size: float, repeat: int) -> None:
-    """Child process: hold the client (and a ``LocalCluster`` when there is no
-    ``address``), run the workloads, report each timed run's measurement."""
+    """Child process: holds the client (and, without ``address``, the ``LocalCluster``), runs the
+    workloads and reports each timed run."""
     ignore_sigint()
     try:
-        _drive(conn, scheme, setting, address, names, size, repeat)
+        from benchmarks._cluster import link_providers
+
+        # The scheduler logs every p2p shuffle's start and end at warning level.
+        logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+        with ExitStack() as stack:
+            client = stack.enter_context(Client(address or stack.enter_context(LocalCluster(
+                protocol=scheme, n_workers=setting.workers, threads_per_worker=1,
+                dashboard_address=":0"))))
+            client.wait_for_workers(setting.workers, timeout=setting.startup_s)
+            meter = Meter(client)
+            conn.send(("ready", None))
+            for name in names:
+                try:
+                    BY_NAME[name].run(client, WARM_UP_SIZE, meter.timed)
+                    for index in range(repeat):
+                        meter.last = None
+                        BY_NAME[name].run(client, size, meter.timed)
+                        if meter.last is None:
+                            raise RuntimeError(f"{name} timed nothing")
+                        conn.send(("result", name, {**meter.last, "run": index}))
+                except Exception as exc:
+                    conn.send(("error", name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+            conn.send(("links", link_providers(client) if scheme == "lci" else None))
     except Exception:
         send_quietly(conn, ("failed", traceback.format_exc()))
 
 
-def _drive(conn: Connection, scheme: str, setting: Setting, address: str | None,
-           names: list[str], size: float, repeat: int) -> None:
-    from distributed import Client, LocalCluster
-
-    # Every p2p shuffle's start and end, logged at warning level by the scheduler.
-    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
-
-    from benchmarks._cluster import link_providers
-    from benchmarks._workload_measure import Meter
-
-    cluster = None
-    if address is None:
-        cluster = LocalCluster(protocol=scheme, n_workers=setting.workers, threads_per_worker=1,
-                               dashboard_address=":0")
-    try:
-        with Client(cluster or address) as client:
-            client.wait_for_workers(setting.workers, timeout=_startup_s(setting))
-            meter = Meter(client)
-            conn.send(("ready", None))
-            for name in names:
-                run = BY_NAME[name].run
-                try:
-                    run(client, WARM_UP_SIZE, meter.timed)
-                    for index in range(repeat):
-                        meter.last = None
-                        run(client, size, meter.timed)
-                        if meter.last is None:
-                            raise RuntimeError(f"{name} timed nothing")
-                        conn.send(("result", name, {**meter.last.to_json(), "run": index}))
-                except Exception as exc:
-                    conn.send(("error", name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
-            conn.send(("links", link_providers(client) if scheme == "lci" else None))
-    finally:
-        if cluster is not None:
-            cluster.close()
-
-
-def _startup_s(setting: Setting) -> float:
-    return STARTUP_S + STARTUP_PER_WORKER_S * setting.workers
-
-
-# ------------------------------------------------------------------- rounds
-
-
-@contextmanager
-def _scheduler(setting: Setting, scheme: str, logdir: Path) -> Iterator[str | None]:
-    """The address of a testbed's scheduler for simulated hosts; None for a
-    ``LocalCluster``, which the driver starts itself."""
-    if not setting.per_host:
-        yield None
-        return
-    from benchmarks._testbed import testbed
-
-    with testbed(setting.workers, scheme, setting.rate, logdir, per_host=setting.per_host,
-                 worker_options=("--memory-limit", "auto")) as bed:
-        yield bed.scheduler
-
-
 def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str], size: float,
                repeat: int, logdir: Path) -> list[dict[str, Any]]:
-    """Records of every workload's timed runs on one fresh cluster; errors
-    become records. lci's records name the providers each process's links
-    ran over."""
+    """Each workload's timed runs on a fresh cluster; errors become records, and lci's records
+    name the providers its processes' links ran over."""
     base = {"setting": setting.name, "scheme": scheme, "round": round_index}
     records: list[dict[str, Any]] = []
     try:
-        with _scheduler(setting, scheme, logdir) as address, spawned(
-            driver_main, scheme, setting, address, names, size, repeat,
-            name=f"{scheme}-{setting.name}", daemon=False,
-        ) as driver:
-            expect(driver, "ready", _startup_s(setting) + 30)
+        with ExitStack() as stack:
+            address = None  # the driver starts a LocalCluster
+            if setting.per_host:
+                address = stack.enter_context(testbed(
+                    setting.workers, scheme, setting.rate, logdir, per_host=setting.per_host,
+                    worker_options=("--memory-limit", "auto"))).scheduler
+            driver = stack.enter_context(spawned(driver_main, scheme, setting, address, names, size,
+                                                 repeat, name=f"{scheme}-{setting.name}", daemon=False))
+            expect(driver, "ready", setting.startup_s + 30)
             pending = dict.fromkeys(names, repeat)
             while pending:
                 kind, name, payload = receive(driver, WORKLOAD_TIMEOUT_S)
-                _progress(_progress_line(setting, scheme, round_index, name, kind, payload))
-                records.append({**base, "workload": name,
-                                **(payload if kind == "result" else {"error": payload})})
+                ok = kind == "result"
+                row = row_name(name, payload["run"]) if ok else name
+                what = f"{payload['seconds']:.2f} s" if ok else payload
+                _progress(f"  {setting.name} r{round_index + 1} {scheme:>5} {row:<19} {what}")
+                records.append({**base, "workload": name, **(payload if ok else {"error": payload})})
                 pending[name] -= 1
-                if kind != "result" or not pending[name]:
+                if not (ok and pending[name]):
                     del pending[name]
             links = expect(driver, "links", 60)
     except (PeerError, RuntimeError, OSError) as exc:
-        done = {r["workload"] for r in records}
+        seen = {r["workload"] for r in records}
         return records + [{**base, "workload": name, "error": str(exc).splitlines()[0]}
-                          for name in names if name not in done]
+                          for name in names if name not in seen]
     return [{**r, "links": links} if links else r for r in records]
 
 
@@ -192,117 +211,65 @@ def rotated(items: Sequence[str], shift: int) -> list[str]:
     return [*items[shift:], *items[:shift]]
 
 
-def run(settings: Sequence[Setting], schemes: Sequence[str], rounds: int, names: list[str],
-        size: float, repeat: int, logdir: Path,
-        on_round: Callable[[list[dict[str, Any]]], None] = lambda records: None,
-        ) -> list[dict[str, Any]]:
-    """Every round's records; ``on_round`` sees them all after each round."""
-    records: list[dict[str, Any]] = []
-    for setting in settings:
-        for round_index in range(rounds):
-            for scheme in rotated(schemes, round_index):
-                started = time.monotonic()
-                records += _one_round(setting, scheme, round_index, names, size, repeat, logdir)
-                _progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
-                          f"{time.monotonic() - started:.0f} s")
-                on_round(records)
-    return records
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _progress_line(setting: Setting, scheme: str, round_index: int, name: str, kind: str,
-                   payload: Any) -> str:
-    what = f"{payload['seconds']:.2f} s" if kind == "result" else payload
-    if kind == "result" and payload["run"]:
-        name = row_name(name, payload["run"])
-    return f"  {setting.name} r{round_index + 1} {scheme:>5} {name:<19} {what}"
-
-
-# ------------------------------------------------------------------ reports
-
-
 def row_name(workload: str, run: int) -> str:
-    """A workload's row: its first run on a cluster, or the warm runs after it."""
+    """A workload's first run on a cluster has a row, the warm runs after it another."""
     return f"{workload} warm" if run else workload
 
 
 def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """``[setting][row][scheme]``: the median of each measured value over the
-    runs that succeeded (an even count: the mean of the middle two); a
-    workload's warm runs (see :func:`row_name`) have a row of their own."""
+    """``[setting][row][scheme][key]``: each value's median over the runs that succeeded."""
     grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in records:
-        if "error" not in r:
-            row = row_name(r["workload"], r.get("run", 0))
-            grouped.setdefault((r["setting"], row, r["scheme"]), []).append(r)
+    for r in (r for r in records if "error" not in r):
+        grouped.setdefault((r["setting"], row_name(r["workload"], r.get("run", 0)), r["scheme"]),
+                           []).append(r)
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-    for (setting, workload, scheme), rs in grouped.items():
-        out.setdefault(setting, {}).setdefault(workload, {})[scheme] = {
-            key: statistics.median(r[key] for r in rs)
-            for key in ("seconds", "cpu_seconds", "system_seconds", "minor_faults", "peak_mib",
-                        "comm_seconds", "graph_seconds", "share")
-            if all(key in r for r in rs)
+    for (setting, row, scheme), rs in grouped.items():
+        out.setdefault(setting, {}).setdefault(row, {})[scheme] = {
+            key: statistics.median(r[key] for r in rs) for key in KEYS if all(key in r for r in rs)
         } | {"runs": len(rs)}
     return out
-
-
-def _ratio(m: dict[str, dict[str, float]], key: str, a: str, b: str) -> float | None:
-    """``a``'s ``key`` over ``b``'s; None where either lacks it (a run saved
-    before the key was measured)."""
-    over = m.get(b, {}).get(key, 0.0)
-    if over > 0 and key in m.get(a, {}):
-        return m[a][key] / over
-    return None
 
 
 def geomean(values: Sequence[float]) -> float | None:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str, float]]],
                    schemes: Sequence[str]) -> str:
-    """One row per workload: median seconds per scheme, lci's ratios; tcp's
-    communication share in its two parts and the ratio lci would reach if
-    communication cost nothing (``1 - share``); CPU, minor page faults and peak
-    memory against tcp. One geometric mean of the first runs, one of the warm runs."""
+    """A row per workload, its first runs then its warm runs, and a geometric mean of each; "-"
+    where a value is missing (a scheme's failures, a run saved before the value was measured)."""
     others = [s for s in schemes if s != "lci"]
-    head = ["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others),
-            "tcp comm", "tcp graph", "1-share", "cpu lci/tcp", "faults lci/tcp", "peak lci/tcp"]
-    rows = [head]
+    rows = [["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others), "tcp comm",
+             "tcp graph", "1-share", "cpu lci/tcp", "faults lci/tcp", "peak lci/tcp"]]
     ratios: dict[tuple[int, str], list[float]] = {}
-    for run, w in [(run, w) for run in (0, 1) for w in WORKLOADS]:
-        name = row_name(w.name, run)
-        m = per_workload.get(name, {})
-        if not m:
+
+    def cell(value: float | None, spec: str = ".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    def lci_over(m: dict[str, dict[str, float]], key: str, scheme: str) -> float | None:
+        under = m.get(scheme, {}).get(key, 0.0)
+        return m["lci"][key] / under if under > 0 and key in m.get("lci", {}) else None
+
+    for run, w in itertools.product((0, 1), WORKLOADS):
+        if not (m := per_workload.get(row_name(w.name, run), {})):
             continue
-        row = [name, *(_cell(m[s]["seconds"], ".2f") if s in m else "-" for s in schemes)]
-        for s in others:
-            ratio = _ratio(m, "seconds", "lci", s)
-            row.append(_cell(ratio, ".2f"))
+        over = [lci_over(m, "seconds", s) for s in others]
+        for s, ratio in zip(others, over, strict=True):
             if ratio is not None:
                 ratios.setdefault((run, s), []).append(ratio)
         tcp = m.get("tcp")
-        row += [_cell(tcp["comm_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
-                _cell(tcp["graph_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
-                _cell(1 - tcp["share"] if tcp else None, ".2f"),
-                _cell(_ratio(m, "cpu_seconds", "lci", "tcp"), ".2f"),
-                _cell(_ratio(m, "minor_faults", "lci", "tcp"), ".2f"),
-                _cell(_ratio(m, "peak_mib", "lci", "tcp"), ".2f")]
-        rows.append(row)
+        rows.append([row_name(w.name, run), *(cell(m.get(s, {}).get("seconds")) for s in schemes),
+                     *map(cell, over),
+                     cell(tcp["comm_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
+                     cell(tcp["graph_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
+                     cell(1 - tcp["share"] if tcp else None),
+                     *(cell(lci_over(m, k, "tcp")) for k in ("cpu_seconds", "minor_faults", "peak_mib"))])
     for run in sorted({run for run, _ in ratios}):
-        rows.append([row_name("geometric mean", run), *("" for _ in schemes),
-                     *(_cell(geomean(ratios.get((run, s), [])), ".2f") for s in others),
-                     *[""] * 6])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                       for i, c in enumerate(r)) for r in rows]
+        rows.append([row_name("geometric mean", run), *[""] * len(schemes),
+                     *(cell(geomean(ratios.get((run, s), []))) for s in others), *[""] * 6])
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     return "\n".join([f"{setting.name}: {setting.describe()}", *lines])
 
 
@@ -315,63 +282,43 @@ def report_page(data: dict[str, Any]) -> str:
         f"each workload per cluster, size {data['size']:g}",
         f"- when: {env['timestamp']}; code: `{env['source']}`; took {data['seconds']:,} s",
         f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB; "
-        f"Python {env['python']}, distributed {env['distributed']}",
-        "",
-    ]
-    for setting in data["settings"]:
-        text = format_setting(Setting(**setting), data["medians"].get(setting["name"], {}),
-                              data["schemes"])
-        lines += ["```text", text, "```", ""]
+        f"Python {env['python']}, distributed {env['distributed']}", ""]
+    for s in data["settings"]:
+        table = format_setting(Setting(**s), data["medians"].get(s["name"], {}), data["schemes"])
+        lines += ["```text", table, "```", ""]
     errors = Counter((r["setting"], r["scheme"], r["error"]) for r in data["records"] if "error" in r)
-    for (setting_name, scheme, error), count in errors.items():
-        lines.append(f"- {count} records failed in {setting_name} over {scheme}: {error}")
+    lines += [f"- {count} records failed in {setting} over {scheme}: {error}"
+              for (setting, scheme, error), count in errors.items()]
     return "\n".join(lines) + "\n"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks workloads", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    csv = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
-    parser.add_argument("--quick", action="store_true",
-                        help="one round of local-2 at a small size (a check that all runs)")
-    parser.add_argument("--settings", type=csv, help=f"default: {','.join(_SETTING)}")
-    parser.add_argument("--schemes", type=csv, default=list(SCHEMES),
-                        help=f"default: {','.join(SCHEMES)}; one not installed is left out")
-    parser.add_argument("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
-    parser.add_argument("--rounds", type=int, help="default: 3, or 1 with --quick")
-    parser.add_argument("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="timed runs of each workload per cluster, default 1; the runs "
-                             "after the first are reported as warm")
-    parser.add_argument("--json", type=Path, metavar="OUT",
-                        help="write every round's records to OUT, again after each round")
-    return parser
-
-
-def _installed(scheme: str) -> bool:
-    module = REQUIRES.get(scheme)
-    return module is None or importlib.util.find_spec(module) is not None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks workloads", description=__doc__)
+    csv = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
+    add = parser.add_argument
+    add("--quick", action="store_true", help="one round of local-2 at a small size (a check that all runs)")
+    add("--settings", type=csv, help=f"default: {','.join(_SETTING)}")
+    add("--schemes", type=csv, default=list(SCHEMES),
+        help=f"default: {','.join(SCHEMES)}; one not installed is left out")
+    add("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
+    add("--rounds", type=int, help="default: 3, or 1 with --quick")
+    add("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
+    add("--repeat", type=int, default=1,
+        help="timed runs of each workload per cluster, default 1; the runs after the first are warm")
+    add("--json", type=Path, metavar="OUT", help="write the records to OUT, again after each round")
     args = parser.parse_args(argv)
     names = args.workloads or list(BY_NAME)
     chosen = args.settings or (["local-2"] if args.quick else list(_SETTING))
-    unknown = [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]
-    if unknown:
+    if unknown := [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]:
         parser.error(f"unknown workloads or settings: {unknown}")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     settings = [_SETTING[s] for s in chosen]
-    if any(s.per_host for s in settings):
-        from dask_lcicomm.testing.netns import unavailable
-
-        if (why := unavailable()) is not None:
-            _progress(f"simulated hosts left out: {why}")
-            settings = [s for s in settings if not s.per_host]
-    schemes = [s for s in args.schemes if _installed(s)]
-    left_out = sorted(set(args.schemes) - set(schemes))
+    if any(s.per_host for s in settings) and (why := unavailable()) is not None:
+        _progress(f"simulated hosts left out: {why}")
+        settings = [s for s in settings if not s.per_host]
+    schemes = [s for s in args.schemes
+               if s not in REQUIRES or importlib.util.find_spec(REQUIRES[s]) is not None]
     rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
     started = time.monotonic()
@@ -385,15 +332,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "command": "workloads", "environment": environment,
                 "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
                 "repeat": args.repeat, "size": size, "complete": complete,
-                "seconds": round(time.monotonic() - started),
-                "records": records, "medians": medians(records),
-                "sources": {w.name: w.source for w in WORKLOADS},
+                "seconds": round(time.monotonic() - started), "records": records,
+                "medians": medians(records), "sources": {w.name: w.source for w in WORKLOADS},
             }, indent=1) + "\n")
 
+    records: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-            records = run(settings, schemes, rounds, names, size, args.repeat, Path(logdir),
-                          write)
+            for setting, round_index in itertools.product(settings, range(rounds)):
+                for scheme in rotated(schemes, round_index):
+                    begun = time.monotonic()
+                    records += _one_round(setting, scheme, round_index, names, size, args.repeat,
+                                          Path(logdir))
+                    _progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
+                              f"{time.monotonic() - begun:.0f} s")
+                    write(records)
     except KeyboardInterrupt:
         _progress("interrupted; clusters and simulated hosts were removed")
         return 130
@@ -403,9 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_setting(setting, table.get(setting.name, {}), schemes) + "\n")
     errors = [r for r in records if "error" in r]
     for r in errors:
-        print(f"error: {r['setting']} round {r['round'] + 1} {r['scheme']} {r['workload']}: "
-              f"{r['error']}")
-    if left_out:
+        print(f"error: {r['setting']} round {r['round'] + 1} {r['scheme']} {r['workload']}: {r['error']}")
+    if left_out := sorted(set(args.schemes) - set(schemes)):
         print(f"not installed, left out: {', '.join(left_out)}")
     print(f"{len(records) - len(errors)} measurements in {time.monotonic() - started:.0f} s")
     return 1 if errors else 0

@@ -29,7 +29,7 @@ from _origin_probe import answer_origins
 
 from benchmarks import comm, dask
 from benchmarks._cluster import started_cluster
-from benchmarks._configurations import BASELINE_BUILD
+from benchmarks._contenders import BASELINE_BUILD, Configuration
 from benchmarks._procs import expect, report_origin, spawned
 
 CHECKOUT = REPO_ROOT / "dask_lcicomm"
@@ -46,19 +46,19 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_configurations(baseline: Path) -> None:
     """lci@baseline comes right after lci: plain lci, all its processes
     pointed at the baseline; its ratio column is lci/lci@baseline."""
-    config = comm.make_config(["lci", "tcp"], quick=True, only=["pingpong-8B"], baseline=baseline)
-    assert config.labels == ("lci", BASELINE_BUILD, "tcp")
-    built = config.configurations[1]
+    labels = [c.label for c in comm.configurations(["lci", "tcp"], baseline=str(baseline))]
+    assert labels == ["lci", BASELINE_BUILD, "tcp"]
+    built = comm.configurations(["lci", "tcp"], baseline=str(baseline))[1]
     assert (built.scheme, built.dask_config, built.pythonpath) == ("lci", (), str(baseline))
-    assert ("lci", BASELINE_BUILD) in comm.ratio_pairs(config.labels)
-    assert dask.make_config(["lci", "tcp"], quick=True, baseline=baseline).labels == (
-        "lci", BASELINE_BUILD, "tcp", "inproc")
-    assert "lci@baseline" not in comm.make_config(["lci", "tcp"], quick=True).labels
+    assert ("lci", BASELINE_BUILD) in comm.ratio_pairs(labels)
+    assert [c.label for c in dask.configurations(["lci", "tcp"], str(baseline))] == [
+        "lci", BASELINE_BUILD, "tcp", "inproc"]
+    assert BASELINE_BUILD not in [c.label for c in comm.configurations(["lci", "tcp"])]
 
 
 def test_not_a_build(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no dask_lcicomm package"):
-        comm.make_config(["lci"], quick=True, baseline=tmp_path)
+        comm.configurations(["lci"], baseline=str(tmp_path))
 
 
 @pytest.mark.parametrize("with_baseline", [True, False], ids=["baseline", "current"])
@@ -72,8 +72,8 @@ def test_child_imports_its_build(baseline: Path, with_baseline: bool) -> None:
 
 
 def test_cluster_workers_import_the_baseline(baseline: Path) -> None:
-    with started_cluster("lci", answer_origins, 60, label=BASELINE_BUILD,
-                         pythonpath=str(baseline)) as (cluster, workers):
+    built = Configuration(BASELINE_BUILD, "lci", pythonpath=str(baseline))
+    with started_cluster(built, answer_origins) as (cluster, workers):
         cluster.conn.send("origins")
         origins = expect(cluster, "origins", timeout_s=60)
     assert set(origins) == {"cluster", *workers}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._format import format_number, format_ratio
+from benchmarks._runner import format_number, format_ratio
 from benchmarks.report import page, records_table, results_table, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +68,12 @@ def test_a_row_the_run_does_not_have_is_an_error_naming_the_rows_it_has():
     data = json.loads((RESULTS / "comm-providers.json").read_text())
     with pytest.raises(ValueError, match="no row pingpong-3B:latency in this run; it has pingpong-8B:"):
         results_table(data, ["pingpong-3B:latency"])
+
+
+def test_a_saved_run_is_drawn_again(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "report",
+                           str(RESULTS / "comm-providers.json"), "--plot", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "comm-latency.png", "comm-bandwidth.png", "comm-flood.png", "comm-nchains.png"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._budget_rules import TORN, Frame, classify
+from benchmarks.budget import TORN, Frame, classify
 
 ROOT = Frame("<module>", "/site/benchmarks/__main__.py", 1)
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from _cli import assert_all_measured, assert_figures, assert_scheme_column, run_cli
 
-from benchmarks import comm
-from benchmarks._comm_suite import make_run_config
-from benchmarks._configurations import Configuration, probe_configurations
+from benchmarks import _runner, comm
+from benchmarks._comm_peers import server_main
+from benchmarks._contenders import Configuration, probe
 
 SCHEMES = ("lci", "lci-tcp", "tcp")
 #: Measured where the ucx extra is installed, else marked "not installed".
@@ -136,9 +136,9 @@ def test_fallback_fails_loudly() -> None:
     tcp's numbers under a label that names another provider."""
     mispinned = Configuration("mispinned", "lci", (("distributed.comm.lci.providers", ["tcp"]),),
                               provider="shm")
-    config = make_run_config([mispinned], quick=True, rounds=1, only=["pingpong-8B", "idle"])
-    report = comm.run(config)
-    errors = {o.benchmark: o.error for o in report.outcomes}
+    result = _runner.run("comm", [mispinned], comm.benchmarks(["pingpong-8B", "idle"], quick=True),
+                         1, True, comm.run_round, server_main)
+    errors = {r.benchmark: r.error for r in result.records}
     assert set(errors) == {"pingpong-8B", "idle"} and all(errors.values()), errors
     assert "WrongProvider" in errors["pingpong-8B"] and "'tcp', not 'shm'" in errors["pingpong-8B"]
     assert "links over providers" in errors["idle"] and "'shm'" in errors["idle"], errors["idle"]
@@ -147,15 +147,15 @@ def test_fallback_fails_loudly() -> None:
 def test_missing_extra_is_not_installed() -> None:
     """A configuration whose extra is missing is marked, never started."""
     needy = Configuration("needy", "lci", requires="no_such_module_for_lci_benchmarks")
-    status = probe_configurations([needy])["needy"]
+    status = probe([needy], server_main)["needy"]
     assert not status.available and status.label == "not installed", status
     assert "no_such_module_for_lci_benchmarks" in status.detail
 
 
 def test_pinned_configurations_in_the_default_run() -> None:
     """lci-tcp and lci-ucx run by default, pinned, and may also be chosen alone."""
-    configurations = {c.label: c for c in comm.make_config(quick=True).configurations}
+    configurations = {c.label: c for c in comm.configurations(comm.DEFAULT_NAMES)}
     assert configurations["lci-tcp"].provider == "tcp"
     assert configurations["lci-ucx"].provider == "ucx"
     assert configurations["lci-ucx"].requires == "ucxx"
-    assert comm.make_config(["lci-ucx", "tcp"], quick=True).labels == ("lci-ucx", "tcp")
+    assert [c.label for c in comm.configurations(["lci-ucx", "tcp"])] == ["lci-ucx", "tcp"]

@@ -13,10 +13,9 @@ from distributed.protocol import to_serialize
 from distributed.utils_test import gen_test
 
 from benchmarks._comm_peers import BenchSpec
-from benchmarks._comm_suite import run_idle
-from benchmarks._configurations import Configuration
+from benchmarks._contenders import Configuration
 from benchmarks._floor_comm import SCHEME
-from benchmarks._idle import IDLE_KIND
+from benchmarks.comm import IDLE, run_idle
 
 
 async def _echo(comm):
@@ -59,7 +58,7 @@ def test_no_idle_cluster_is_started_on_floor():
     """floor:// registers in the benchmark processes only: a cluster's
     workers could not speak it, so the idle benchmark says why it has no
     number instead of failing to start one."""
-    spec = BenchSpec("idle", IDLE_KIND, 0, duration_s=1.0, max_count=1, warmup=0, timeout_s=30.0)
+    spec = BenchSpec("idle", IDLE, 0, duration_s=1.0, max_count=1, warmup=0, timeout_s=30.0)
     outcome = run_idle(spec, Configuration.of_scheme(SCHEME), 0)
-    assert outcome.measurement is None
+    assert outcome.values is None
     assert "no cluster runs on it" in (outcome.error or "")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks._pyspy import _comm_thread_stacks
+from benchmarks.budget import _comm_thread_stacks
 
 PID = 4242
 LOOP = "select (selectors.py:468)"

@@ -24,11 +24,12 @@ import pytest
 from _cli import assert_all_measured, assert_figures, run_cli
 from _settings_probe import report_settings
 
-from benchmarks import variants
-from benchmarks._comm_suite import make_run_config
-from benchmarks._configurations import probe_configurations
+from benchmarks import _runner, comm
+from benchmarks._comm_peers import server_main
+from benchmarks._contenders import Configuration, probe
 from benchmarks._procs import expect, spawned
-from benchmarks.variants import BENCHMARKS, DEFAULT, VARIANTS, Variant
+from benchmarks.comm import VARIANT_BENCHMARKS as BENCHMARKS
+from benchmarks.comm import VARIANTS, variant
 from dask_lcicomm.config import Settings
 
 SMOKE_VARIANTS = ("sync", "providers-shm", "providers-ucx")
@@ -94,16 +95,16 @@ def test_figure_drawn(quick_run: dict[str, Any]) -> None:
 def test_rejected_configuration_is_unavailable() -> None:
     """A provider the backend does not ship: its row says "unavailable" and
     the default lci is still measured in the same run."""
-    bogus = Variant.of("providers-bogus", {"providers": ["bogus", "tcp"]})
-    config = make_run_config([DEFAULT, bogus.configuration()], quick=True, rounds=1,
-                             only=["pingpong-8B"])
-    report = variants.run(config)
-    assert not report.status["providers-bogus"].available
-    assert "rejected at start-up" in report.status["providers-bogus"].detail
-    assert "bogus" in report.status["providers-bogus"].detail
-    assert {o.configuration for o in report.outcomes} == {"lci"}
-    assert not report.failures()
-    table = variants.format_table(report)
+    bogus = variant("providers-bogus", {"providers": ["bogus", "tcp"]})
+    result = _runner.run("variants", [Configuration.of_scheme("lci"), bogus],
+                         comm.benchmarks(["pingpong-8B"], quick=True), 1, True, comm.run_round,
+                         server_main)
+    assert not result.status["providers-bogus"].available
+    assert "rejected at start-up" in result.status["providers-bogus"].detail
+    assert "bogus" in result.status["providers-bogus"].detail
+    assert {r.configuration for r in result.records} == {"lci"}
+    assert not result.failures()
+    table = comm.variants_table(result)
     row = next(line for line in table.splitlines() if line.startswith("providers-bogus "))
     assert row.split()[-1] == "unavailable"
 
@@ -122,39 +123,41 @@ def _settings_in(dask_config: dict[str, Any]) -> dict[str, Any]:
         return asdict(Settings.from_config())
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
-def test_variant_switches_its_knob(variant: Variant) -> None:
+def _knob_names(c: Configuration) -> set[str]:
+    return {key.removeprefix(f"{comm.LCI}.").replace("-", "_") for key, _ in c.dask_config}
+
+
+@pytest.mark.parametrize("c", VARIANTS.values(), ids=lambda c: c.label)
+def test_variant_switches_its_knob(c: Configuration) -> None:
     try:
-        expected = _settings_in(variant.dask_config)
+        expected = _settings_in(c.overrides)
     except ValueError:  # not accepted by this build: the harness must say so
-        status = probe_configurations([variant.configuration()])[variant.name]
+        status = probe([c], server_main)[c.label]
         assert not status.available and "rejected at start-up" in status.detail
         return
-    with spawned(report_settings, name=f"{variant.name}-probe",
-                 dask_config=variant.dask_config) as child:
+    with spawned(report_settings, name=f"{c.label}-probe", dask_config=c.overrides) as child:
         settings = expect(child, "settings", timeout_s=60)
     assert settings == expected
     default = _knobs(asdict(Settings.from_config()))  # what the child has without the variant
     changed = {key for key, value in _knobs(settings).items() if value != default[key]}
-    knobs = {key.replace("-", "_") for key, _ in variant.knobs}
     # progress-threads=2 only means something with progress=thread: both must
     # change; one provider variant restates the shipped providers (see below).
-    restates_default = variant.name in PROVIDER_VARIANTS and not changed
-    assert changed == (set() if restates_default else knobs)
+    restates_default = c.label in PROVIDER_VARIANTS and not changed
+    assert changed == (set() if restates_default else _knob_names(c))
 
 
 def test_provider_variants_differ() -> None:
     """Of the two provider variants, one may be the default, not both."""
-    settings = [v.dask_config for v in VARIANTS if v.name in PROVIDER_VARIANTS]
+    settings = [VARIANTS[label].overrides for label in PROVIDER_VARIANTS]
     assert len(settings) == 2 and settings[0] != settings[1]
 
 
 def test_provider_variants_pinned() -> None:
     """Each providers variant is pinned to its first provider (its peers fail
     on a fallback), and the UCX one needs the ucx extra."""
-    for variant in VARIANTS:
-        providers = dict(variant.knobs).get("providers")
-        assert variant.configuration().provider == (providers[0] if providers else None)
-    ucx = next(v for v in VARIANTS if v.name == "providers-ucx").configuration()
+    for c in VARIANTS.values():
+        providers = c.overrides.get(f"{comm.LCI}.providers")
+        assert c.provider == (providers[0] if providers else None)
+    ucx = VARIANTS["providers-ucx"]
     assert ucx.requires == "ucxx" and ucx.overrides == {
         "distributed.comm.lci.providers": ["ucx", "tcp"]}

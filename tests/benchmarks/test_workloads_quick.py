@@ -17,7 +17,6 @@ import psutil
 import pytest
 from _cli import REPO_ROOT, run_cli
 
-from benchmarks._workload_measure import worker_comm_seconds
 from benchmarks._workload_suite import WORKLOADS, WrongResult, check
 from benchmarks.workloads import (
     SETTINGS,
@@ -26,6 +25,7 @@ from benchmarks.workloads import (
     medians,
     report_page,
     rotated,
+    worker_comm_seconds,
 )
 from dask_lcicomm.testing.netns import remove_left_behind, unavailable
 
