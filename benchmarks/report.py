@@ -17,14 +17,8 @@ Json = dict[str, Any]
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A Markdown table of ``rows`` under ``head``."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _median(value: float | None) -> str:
-    return "-" if value is None else format_number(value)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def run_name(data: Json) -> str:
@@ -34,18 +28,15 @@ def run_name(data: Json) -> str:
 
 
 def environment(data: Json) -> str:
-    """What was measured where, as a list."""
-    env = data["environment"]
-    config = data["config"]
-    argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
-    load = ", ".join(f"{x:g}" for x in env["load_average"])
+    env, config = data["environment"], data["config"]
+    quick = " (--quick: the numbers mean nothing)" if config["quick"] else ""
     return "\n".join([
-        f"- command: `{argv}`",
+        f"- command: `{' '.join(['python -m benchmarks', *env['argv'][1:]])}`",
         f"- when: {env['timestamp']}; code: `{env.get('source') or 'unknown'}`",
         f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB, {env['platform']}",
         f"- Python {env['python']}, distributed {env['distributed']}, numpy {env['numpy']}",
-        f"- load average at the start: {load}",
-        f"- rounds: {config['rounds']}{' (--quick: the numbers mean nothing)' if config['quick'] else ''}",
+        f"- load average at the start: {', '.join(f'{x:g}' for x in env['load_average'])}",
+        f"- rounds: {config['rounds']}{quick}",
     ])
 
 
@@ -53,51 +44,46 @@ def results_table(
     data: Json, rows: list[str] | None = None, ratios: list[str] | None = None,
     labels: list[str] | None = None,
 ) -> str:
-    """One row per benchmark and metric: each configuration's median over the
-    rounds, then the run's ratios (>1 favours the first named, whichever way
-    the metric points). ``rows`` (``benchmark:metric``), ``ratios`` and
-    ``labels`` choose a part, in their order."""
+    """Per benchmark and metric, each configuration's median and the run's ratios (>1 favours
+    the first named); ``rows`` (``benchmark:metric``), ``ratios``, ``labels`` choose a part."""
     by_row = {f"{r['benchmark']}:{r['metric']}": r for r in data["results"]}
     labels = labels or [c["label"] for c in data["config"]["configurations"]]
     ratios = ratios or list(data["config"]["ratios"])
     unknown = [key for key in rows or [] if key not in by_row]
     if unknown:
         raise ValueError(f"no row {', '.join(unknown)} in this run; it has {', '.join(by_row)}")
+
+    def median(numbers: Json | None) -> str:
+        return "-" if not numbers or numbers["median"] is None else format_number(numbers["median"])
+
     table = []
     for key in rows or by_row:
         result = by_row[key]
-        per = result["per_configuration"]
-        table.append([
-            result["benchmark"], result["unit"],
-            *(_median(per[label]["median"]) if label in per else "-" for label in labels),
-            *(format_ratio(result["ratios"].get(name)) for name in ratios),
-        ])
-    lines = [markdown_table(["benchmark", "unit", *labels, *ratios], table)]
+        table.append([result["benchmark"], result["unit"],
+                      *(median(result["per_configuration"].get(label)) for label in labels),
+                      *(format_ratio(result["ratios"].get(name)) for name in ratios)])
     missing = [f"{label}: {s['label']}" for label, s in data["status"].items()
                if not s["available"] and label in labels]
-    if missing:
-        lines += ["", "Not measured: " + "; ".join(missing) + "."]
-    return "\n".join(lines)
+    note = ["", "Not measured: " + "; ".join(missing) + "."] if missing else []
+    return "\n".join([markdown_table(["benchmark", "unit", *labels, *ratios], table), *note])
 
 
 def budget_table(data: Json) -> str:
-    """Per payload: microseconds of CPU per round trip by category, both
-    processes added, and the round trip itself."""
-    categories = list(data["config"]["categories"])
+    """Per payload: microseconds of CPU per round trip by category, both processes added,
+    and the round trip itself."""
     sections = []
     for size, by_label in data["budget"].items():
         labels = [label for label, budget in by_label.items() if budget is not None]
-        rows = [[category, *(_median(by_label[label]["pair"][category]) for label in labels)]
-                for category in categories]
+        rows = [[category, *(format_number(by_label[label]["pair"][category]) for label in labels)]
+                for category in data["config"]["categories"]]
         rows.append(["round trip, unprofiled",
-                     *(_median(by_label[label]["reference_us"]) for label in labels)])
+                     *(format_number(by_label[label]["reference_us"]) for label in labels)])
         sections.append(markdown_table([f"{size}, us per round trip", *labels], rows))
     return "\n\n".join(sections)
 
 
 def records_table(records: list[Json]) -> str:
-    """One row per record, one column per field (``benchmarks asap`` saves
-    its runs so)."""
+    """One row per record, one column per field (``benchmarks asap`` saves its runs so)."""
     head = list(records[0])
 
     def cell(value: Any) -> str:
@@ -131,10 +117,7 @@ def write_page(results: Path, out: Path, figure_dir: Path | None = None) -> Path
     from benchmarks.plots import plot
 
     data = json.loads(results.read_text())
-    figures: list[Path] = []
-    if figure_dir is not None:
-        figure_dir.mkdir(parents=True, exist_ok=True)
-        figures = plot(data, figure_dir)
+    figures = [] if figure_dir is None else plot(data, figure_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page(data, figures, out.parent))
     return out

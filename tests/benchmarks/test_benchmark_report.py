@@ -10,9 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks._runner import format_number, format_ratio
+from benchmarks.plots import _ratios
 from benchmarks.report import page, records_table, results_table, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,5 +77,18 @@ def test_a_saved_run_is_drawn_again(tmp_path):
                            str(RESULTS / "comm-providers.json"), "--plot", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert {p.name for p in tmp_path.glob("*.png")} == {
-        "comm-latency.png", "comm-bandwidth.png", "comm-flood.png", "comm-nchains.png"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {"comm.png"}
+
+
+def test_the_figure_ratios_favour_the_better_whichever_way_the_metric_points():
+    data = json.loads((RESULTS / "comm-providers.json").read_text())
+    for result in data["results"][:2]:  # pingpong-8B: latency (lower is better), bandwidth
+        lci, tcp = (result["per_configuration"][label] for label in ("lci", "tcp"))
+        median, rounds = _ratios(result, "lci", "tcp")
+        expected = (lci["median"] / tcp["median"] if result["higher_is_better"]
+                    else tcp["median"] / lci["median"])
+        assert median == pytest.approx(expected) and median > 1
+        assert len(rounds) == len(lci["rounds"])
+    idle = data["results"][-1] | {"per_configuration": {"a": {"median": 0.0, "rounds": [None]}}}
+    median, rounds = _ratios(idle, "a", "a")
+    assert np.isnan(median) and np.isnan(rounds).all()  # no bar, no dot

@@ -36,7 +36,7 @@ BENCHMARKS = {
     *(f"nchains-{n}" for n in (1, 4, 16, 64, 256, 1024)),
     "idle",
 }
-FIGURES = {"comm-latency.png", "comm-bandwidth.png", "comm-flood.png", "comm-nchains.png"}
+FIGURES = {"comm.png"}
 
 
 @pytest.fixture(scope="module")
