@@ -5,7 +5,6 @@ rejected setting shows as a labelled column instead of failing every round."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,10 +25,9 @@ STARTUP_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Configuration:
-    """A contender: ``scheme`` with ``dask_config`` set in each of its processes, which import
-    from ``pythonpath`` first if given.  ``provider`` pins lci to one fabric (a silent fallback
-    to tcp would put tcp's numbers under this label); without the module ``requires`` it is
-    "not installed"."""
+    """``scheme`` with ``dask_config`` set in each process, which imports from ``pythonpath``
+    first; ``provider`` pins lci to one fabric (a silent fallback would put tcp's numbers under
+    this label); without the module ``requires`` it is "not installed"."""
 
     label: str
     scheme: str
@@ -47,8 +45,7 @@ class Configuration:
         return dict(self.dask_config)
 
 
-def with_baseline(configurations: Sequence[Configuration], path: str | os.PathLike[str] | None
-                  ) -> list[Configuration]:
+def with_baseline(configurations: Sequence[Configuration], path: str | None) -> list[Configuration]:
     """``configurations`` plus lci as built in ``path`` right after plain lci."""
     result = list(configurations)
     if path is None:

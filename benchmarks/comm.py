@@ -6,6 +6,7 @@ paper's design-choice study) lci with one knob switched; methodology in ``docs/b
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from time import monotonic
@@ -213,8 +214,8 @@ def variants_table(result: _runner.Run) -> str:
     """A row per variant, a column per benchmark: its ratio to default lci on the headline
     metric, under lci's absolute medians and their spread."""
     benches = result.benchmarks
-    settings = {c.label: " ".join(f"{k.removeprefix(LCI + '.')}={_yaml(v)}"
-                                  for k, v in c.dask_config) or f"{c.scheme}://"
+    settings = {c.label: " ".join(f"{k.removeprefix(LCI + '.')}={json.dumps(v)}"
+                                  for k, v in c.dask_config).replace('"', "") or f"{c.scheme}://"
                 for c in result.configurations if c.label != "lci"}
 
     def spread(b: Benchmark) -> str:
@@ -234,12 +235,6 @@ def variants_table(result: _runner.Run) -> str:
             *([label, setting, *(cell(b, label) for b in benches)]
               for label, setting in settings.items())]
     return "\n".join([*_runner.align(rows, 2, (2, 4)), "", *_runner.notes(result)])
-
-
-def _yaml(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return f"[{', '.join(map(_yaml, value))}]"
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
