@@ -1,6 +1,5 @@
-"""``python -m benchmarks COMMAND [options]``: each command is a module of
-this package with a ``main(argv)`` (``--help`` on a command lists its
-options).  Tables go to stdout, progress to stderr."""
+"""``python -m benchmarks COMMAND [options]``: a command is a module of this package with a
+``main(argv)``.  Tables go to stdout, progress to stderr."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ COMMANDS = {
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM stops a run as Ctrl-C does, so that the clusters and simulated
-    hosts it made are removed on the way out."""
+    """SIGTERM stops a run as Ctrl-C does: the clusters and simulated hosts it made go too."""
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 

@@ -1,6 +1,5 @@
-"""The benchmark peers (server and client processes): they speak only
-through ``distributed.comm``'s public API, so the same code measures every
-scheme, with messages shaped as Dask's own small task messages."""
+"""The benchmark's server and client processes: only ``distributed.comm``'s public API, so the
+same code measures every scheme, with messages shaped as Dask's own task messages."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ CONNECT_TIMEOUT_S = 20.0
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """One benchmark and its budget: loops stop at ``max_count`` or after
-    ``duration_s`` (a slow backend yields a small sample, not a hang);
-    ``timeout_s`` bounds all of it.  ``idle`` runs in the parent."""
+    """One benchmark: loops stop at ``max_count`` or after ``duration_s`` (a slow backend yields
+    a small sample, not a hang); ``timeout_s`` bounds all of it.  ``idle`` runs in the parent."""
 
     name: str
     kind: str  # key of KERNELS, or "idle"
@@ -60,8 +58,7 @@ class WrongProvider(RuntimeError):
 
 @dataclass(frozen=True)
 class Measurement:
-    """``count`` operations in ``seconds``; ``idle`` counts processes and
-    their ``cpu_seconds``."""
+    """``count`` operations in ``seconds``; ``idle`` counts processes and their ``cpu_seconds``."""
 
     count: int
     seconds: float
@@ -69,7 +66,7 @@ class Measurement:
 
 
 def server_main(conn: Connection, scheme: str) -> None:
-    """Echo/sink server until the parent closes the pipe."""
+    """Echo/sink server until the parent closes the pipe (or sends anything)."""
     ignore_sigint()
     try:
         asyncio.run(_serve(conn, scheme))
@@ -82,32 +79,24 @@ async def _serve(conn: Connection, scheme: str) -> None:
     await listener.start()
     try:
         conn.send(("ready", listener.contact_address))
-        await asyncio.to_thread(_wait_for_stop, conn)
+        await asyncio.to_thread(conn.recv)
+    except (EOFError, OSError):
+        pass  # the parent closed its end
     finally:
         stopped = listener.stop()
         if inspect.isawaitable(stopped):
             await stopped
 
 
-def _wait_for_stop(conn: Connection) -> None:
-    """Block until the parent closes its end (EOF) or sends anything at all."""
-    try:
-        conn.recv()
-    except (EOFError, OSError):
-        pass
-
-
 async def _handle_comm(comm: Any) -> None:
-    """Echo ``ping``s; count ``flood``s and answer ``flood-end`` with the
-    count, so that the client can check none was lost."""
+    """Echo ``ping``s; count ``flood``s and answer ``flood-end`` with the count: none is lost."""
     flooded = 0
     try:
         while True:
             msg = await comm.read()
             op = msg["op"]
             if op == "ping":
-                reply = {"op": "pong", "x": to_serialize(msg["x"])}
-                await comm.write(reply, serializers=SERIALIZERS)
+                await comm.write(make_message("pong", msg["x"]), serializers=SERIALIZERS)
             elif op == "flood":
                 flooded += 1
             elif op == "flood-end":
@@ -122,15 +111,13 @@ async def _handle_comm(comm: Any) -> None:
 
 
 def client_main(conn: Connection) -> None:
-    """Run the benchmarks the parent sends, answering ``("result", name,
-    Measurement)`` or ``("failed", name, reason)`` for each, in order."""
+    """Answer ``("result", name, Measurement)`` or ``("failed", name, reason)`` for each
+    benchmark the parent sends, in order."""
     run_client(conn, _run_specs)
 
 
-SpecRunner = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, None]]
-
-
-def run_client(conn: Connection, run_specs: SpecRunner) -> None:
+def run_client(conn: Connection, run_specs: Callable[[Connection, Server, list[BenchSpec]],
+                                                    Coroutine[Any, Any, None]]) -> None:
     """Wait for the :class:`Server` and the specs; run them on a fresh loop."""
     ignore_sigint()
     try:
@@ -143,8 +130,7 @@ def run_client(conn: Connection, run_specs: SpecRunner) -> None:
 async def _run_specs(conn: Connection, server: Server, specs: list[BenchSpec]) -> None:
     for spec in specs:
         try:
-            kernel = KERNELS[spec.kind]
-            measurement = await asyncio.wait_for(kernel(server, spec), spec.timeout_s)
+            measurement = await asyncio.wait_for(measure(server, spec), spec.timeout_s)
         except asyncio.TimeoutError:
             conn.send(("failed", spec.name, f"timed out after {spec.timeout_s:g} s"))
         except Exception as exc:
@@ -162,8 +148,8 @@ def bounded(max_count: int, deadline: float) -> Iterator[int]:
 
 
 def make_payload(nbytes: int) -> np.ndarray:
-    """Zeros for tiny messages (as Dask sends); random bytes for large ones so
-    that a compressing configuration cannot make one scheme look faster."""
+    """Zeros for tiny messages (as Dask sends); random bytes for large ones, which no
+    compressing configuration can shrink."""
     if nbytes <= 64:
         return np.zeros(nbytes, dtype="u1")
     return np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype="u1")
@@ -179,18 +165,15 @@ async def connected_many(server: Server, n: int) -> AsyncIterator[list[Any]]:
     comms: list[Any] = []
     try:
         for _ in range(n):
-            comms.append(await connect(server.address, timeout=CONNECT_TIMEOUT_S))
-            check_provider(comms[-1], server.provider)
+            comm = await connect(server.address, timeout=CONNECT_TIMEOUT_S)
+            comms.append(comm)
+            got = comm.extra_info.get("provider")
+            if server.provider is not None and got != server.provider:
+                raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
+                                    f"{server.provider!r} (lci fell back; its log above says why)")
         yield comms
     finally:
         await asyncio.gather(*(_close(c) for c in comms))
-
-
-def check_provider(comm: Any, wanted: str | None) -> None:
-    got = comm.extra_info.get("provider")
-    if wanted is not None and got != wanted:
-        raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
-                            f"{wanted!r} (lci fell back; its log above says why)")
 
 
 async def _close(comm: Any) -> None:
@@ -214,8 +197,7 @@ async def ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) 
 
 async def warm_up(comm: Any, msg: dict[str, Any], rounds: int) -> None:
     """Untimed round trips, so lazy setup (buffers, registration) is not timed."""
-    if rounds > 0:
-        await ping(comm, msg, rounds, math.inf)
+    await ping(comm, msg, rounds, math.inf)
 
 
 async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measurement:
@@ -224,30 +206,8 @@ async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measur
     return Measurement(count, perf_counter() - start)
 
 
-async def pingpong(server: Server, spec: BenchSpec) -> Measurement:
-    msg = make_message("ping", make_payload(spec.payload_bytes))
-    async with connected_many(server, 1) as (comm,):
-        await warm_up(comm, msg, spec.warmup)
-        return await timed_pings(comm, msg, spec)
-
-
-async def flood(server: Server, spec: BenchSpec) -> Measurement:
-    """One-way writes on ``spec.comms`` comms at once, timed until the server
-    confirmed every message: buffered ones cannot inflate the rate."""
-    payload = make_payload(spec.payload_bytes)
-    async with connected_many(server, spec.comms) as comms:
-        await asyncio.gather(*(warm_up(c, make_message("ping", payload), spec.warmup)
-                               for c in comms))
-        msg = make_message("flood", payload)
-        start = perf_counter()
-        deadline = start + spec.duration_s
-        sent = await asyncio.gather(*(_flood_one(c, msg, spec.max_count, deadline)
-                                      for c in comms))
-        return Measurement(sum(sent), perf_counter() - start)
-
-
 async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
-    """Bounded one-way writes on one comm; how many the server confirmed."""
+    """Bounded one-way writes, counted once the server confirmed them all (not buffered)."""
     sent = 0
     for _ in bounded(max_count, deadline):
         await comm.write(msg, serializers=SERIALIZERS)
@@ -259,16 +219,21 @@ async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: f
     return sent
 
 
-async def nchains(server: Server, spec: BenchSpec) -> Measurement:
-    """``spec.comms`` comms doing round trips at once: latency under load."""
-    msg = make_message("ping", make_payload(spec.payload_bytes))
+#: Per kind, the timed message's op and what each comm does with it until the
+#: deadline: ping-pong on one comm; flood and nchains on ``spec.comms`` at once.
+KERNELS: dict[str, tuple[str, Callable[..., Awaitable[int]]]] = {
+    "pingpong": ("ping", ping), "flood": ("flood", _flood_one), "nchains": ("ping", ping)}
+
+
+async def measure(server: Server, spec: BenchSpec) -> Measurement:
+    """Warm-up round trips on every comm, then the kernel on all of them at once."""
+    op, loop = KERNELS[spec.kind]
+    payload = make_payload(spec.payload_bytes)
     async with connected_many(server, spec.comms) as comms:
-        await asyncio.gather(*(warm_up(c, msg, max(spec.warmup, 1)) for c in comms))
+        warm = make_message("ping", payload)
+        await asyncio.gather(*(warm_up(c, warm, spec.warmup) for c in comms))
+        msg = make_message(op, payload)
         start = perf_counter()
         deadline = start + spec.duration_s
-        counts = await asyncio.gather(*(ping(c, msg, spec.max_count, deadline) for c in comms))
+        counts = await asyncio.gather(*(loop(c, msg, spec.max_count, deadline) for c in comms))
         return Measurement(sum(counts), perf_counter() - start)
-
-
-KERNELS: dict[str, Callable[[Server, BenchSpec], Awaitable[Measurement]]] = {
-    "pingpong": pingpong, "flood": flood, "nchains": nchains}

@@ -1,12 +1,10 @@
-"""The contenders of a run: a scheme with Dask settings for its processes
-(and, for ``--baseline``, another build), and whether each can run, known
-before any round, so that a missing extra or a rejected setting shows as a
-labelled column instead of failing every round."""
+"""The contenders of a run: a scheme with Dask settings for its processes (for ``--baseline``,
+another build), and whether each can run, known before any round, so that a missing extra or a
+rejected setting shows as a labelled column instead of failing every round."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -27,10 +25,9 @@ STARTUP_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Configuration:
-    """A contender: ``scheme`` with ``dask_config`` set in each of its
-    processes, which import from ``pythonpath`` first if given.  ``provider``
-    pins lci to one fabric (a silent fallback to tcp would put tcp's numbers
-    under this label); without the module ``requires`` it is "not installed"."""
+    """``scheme`` with ``dask_config`` set in each process, which imports from ``pythonpath``
+    first; ``provider`` pins lci to one fabric (a silent fallback would put tcp's numbers under
+    this label); without the module ``requires`` it is "not installed"."""
 
     label: str
     scheme: str
@@ -48,10 +45,8 @@ class Configuration:
         return dict(self.dask_config)
 
 
-def with_baseline(configurations: Sequence[Configuration], path: str | os.PathLike[str] | None
-                  ) -> list[Configuration]:
-    """``configurations`` plus lci as built in ``path`` (``pip install
-    --no-deps --target PATH <checkout>``) right after plain lci."""
+def with_baseline(configurations: Sequence[Configuration], path: str | None) -> list[Configuration]:
+    """``configurations`` plus lci as built in ``path`` right after plain lci."""
     result = list(configurations)
     if path is None:
         return result
@@ -74,9 +69,13 @@ class Status:
     detail: str = ""
 
 
+def one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 def _installed(c: Configuration) -> Status:
-    """Its backend loads and its extra is there (looked up, not imported:
-    a fabric's bindings may start a runtime on import)."""
+    """Its backend loads and its extra is there (looked up, not imported: a fabric's bindings
+    may start a runtime on import)."""
     from distributed.comm.registry import get_backend
 
     if c.scheme != "inproc":
@@ -85,8 +84,7 @@ def _installed(c: Configuration) -> Status:
         except ValueError:
             return Status(False, "not installed", f"no backend registered for {c.scheme}://")
         except Exception as exc:
-            return Status(False, "unavailable", "backend failed to load: "
-                          + f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return Status(False, "unavailable", f"backend failed to load: {one_line(exc)}")
     try:
         found = c.requires is None or importlib.util.find_spec(c.requires) is not None
     except (ImportError, ValueError):
@@ -97,10 +95,9 @@ def _installed(c: Configuration) -> Status:
 
 def probe(configurations: Sequence[Configuration], server: Callable[..., None]
           ) -> dict[str, Status]:
-    """Each contender's status before any round: installed, and, with
-    overrides or another build, a ``server`` child of it comes up listening
-    (a rejected setting marks its column instead of failing every round)
-    and a child imports :data:`PACKAGE` from its ``pythonpath``."""
+    """Each contender's status before any round: installed, and, with overrides or another
+    build, a ``server`` child of it comes up listening, and one imports :data:`PACKAGE` from
+    its ``pythonpath``."""
     status = {c.label: _installed(c) for c in configurations}
     started = [c for c in configurations if (c.dask_config or c.pythonpath)
                and status[c.label].available]

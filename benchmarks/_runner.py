@@ -1,20 +1,17 @@
-"""What every side-by-side benchmark shares: contenders, rounds that
-alternate them (drift and noisy neighbours hit all alike), medians, ratios,
-the environment, tables and JSON.  A benchmark brings one round of one
-contender."""
+"""What every side-by-side benchmark shares: rounds that alternate the contenders (drift and
+noisy neighbours hit all alike), medians, ratios, the environment, tables and JSON."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ import distributed
 import numpy
 import psutil
 
-from benchmarks._contenders import BASELINE_BUILD, PACKAGE, Configuration, Status, probe
+from benchmarks._contenders import BASELINE_BUILD, PACKAGE, Configuration, Status, one_line, probe
 
 
 @dataclass(frozen=True)
@@ -48,8 +45,7 @@ class Benchmark:
 
 @dataclass(frozen=True)
 class Record:
-    """One benchmark, contender and round: its metrics' values and raw
-    numbers, or an error."""
+    """One benchmark, contender and round: its metrics' values and raw numbers, or an error."""
 
     benchmark: str
     configuration: str
@@ -59,8 +55,7 @@ class Record:
     error: str | None = None
 
 
-#: What one contender does in one round: run every benchmark, handing each
-#: record over as soon as it is known.
+#: One contender's round: every benchmark, each record handed over as soon as it is known.
 RoundRunner = Callable[[Configuration, list[Benchmark], int, Callable[[Record], None]], None]
 
 
@@ -84,8 +79,7 @@ class Run:
                 if r.benchmark == bench.name and r.configuration == label]
 
     def median(self, bench: Benchmark, metric: Metric, label: str) -> float | None:
-        """For an even count the worse middle round, a real one: reciprocal
-        metrics (rate, latency) then give the same ratio."""
+        """For an even count the worse middle round: reciprocal metrics then give one ratio."""
         good = [v for v in self.values(bench, metric, label) if v is not None]
         pick = statistics.median_low if metric.higher_is_better else statistics.median_high
         return pick(good) if good else None
@@ -137,7 +131,7 @@ def rotated(items: Sequence[Any], shift: int) -> list[Any]:
     return [*items[k:], *items[:k]]
 
 
-def select(only: Iterable[str] | None, default: Sequence[str], known: Sequence[str]) -> list[str]:
+def select(only: Iterable[str] | None, default: Iterable[str], known: Collection[str]) -> list[str]:
     """The names asked for (else ``default``), in ``known``'s order."""
     wanted = set(only or default)
     if unknown := wanted - set(known):
@@ -151,8 +145,7 @@ def progress(line: str) -> None:
 
 
 def to_json(result: Run, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """Everything the tables are made of, every round's numbers included;
-    ratios are oriented (>1: the first label is better)."""
+    """Everything the tables show, every round included; ratios >1: the first label is better."""
     return {
         "command": result.command,
         "environment": result.environment,
@@ -183,9 +176,8 @@ def to_json(result: Run, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 def table(result: Run, head: Sequence[str], describe: Callable[[Benchmark, Metric], str],
           pairs: Sequence[tuple[str, str]], quotients: bool = False, unit: str = "",
           group: Callable[[Benchmark], str] = lambda b: b.name.split("-")[0]) -> str:
-    """One row per benchmark metric: its name, ``describe``, each contender's
-    median, then a column per pair: ratios (>1 better) or, with
-    ``quotients``, plain quotients of the medians (times: <1 faster)."""
+    """A row per benchmark metric: each contender's median, then per pair the ratio (>1
+    better) or, with ``quotients``, the plain quotient of the medians (times: <1 faster)."""
     cells = [[*head, *(f"{label}{unit}" for label in result.labels),
               *(f"{a}/{b}" for a, b in pairs)]]
     rules, previous = [1], None
@@ -252,15 +244,13 @@ def align(rows: list[list[str]], label_columns: int, rules: Sequence[int] = (1,)
 
 
 def environment_facts() -> dict[str, Any]:
-    """The machine, versions and code measured, and inherited lci settings,
-    which silently change every lci contender."""
-    from dask_lcicomm.config import Settings
+    """The machine, versions, code and inherited lci settings (they change every lci contender)."""
+    from dask_lcicomm import config
 
     try:
-        settings: dict[str, Any] | str = asdict(Settings.from_config())
+        settings: dict[str, Any] | str = asdict(config.Settings.from_config())
     except ValueError as exc:
         settings = one_line(exc)
-    spec = importlib.util.find_spec(PACKAGE)
     return {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "platform": platform.platform(),
@@ -269,7 +259,7 @@ def environment_facts() -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "distributed": distributed.__version__, "numpy": numpy.__version__,
         "source": source_revision(),
-        PACKAGE: os.path.dirname(spec.origin) if spec and spec.origin else "unknown",
+        PACKAGE: os.path.dirname(config.__file__),
         "lci_settings": settings, "argv": sys.argv,
         "inherited_lci_env": {k: v for k, v in os.environ.items()
                               if k.startswith("DASK_DISTRIBUTED__COMM__LCI__")},
@@ -285,18 +275,14 @@ def _cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def source_revision(where: str | None = None) -> str:
+def source_revision() -> str:
     """The commit measured, ``-dirty`` if the work tree differs from it."""
     try:
         done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, timeout=10, cwd=where or os.path.dirname(__file__))
+                              text=True, timeout=10, cwd=os.path.dirname(__file__))
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return done.stdout.strip() or "unknown"
-
-
-def one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def parser(prog: str, description: str, names: Sequence[str], rounds: str) -> argparse.ArgumentParser:

@@ -1,17 +1,14 @@
-"""The LCI paper's microbenchmarks on Dask's Comm API, side by side: ping-pong
-8 B .. 64 MiB, flood, nchains, and the CPU an idle cluster burns; over
-schemes (lci, tcp, ucxx), lci pinned to one provider, and lci with one knob
-switched (``variants``: the paper's design-choice study).
+"""Dask comms side by side: ping-pong 8 B .. 64 MiB, flood, nchains, an idle cluster's CPU.
 
-``python -m benchmarks comm [--schemes NAMES] ...`` and
-``python -m benchmarks variants [--variants NAMES] ...``; methodology in
-``docs/benchmarks.md``.
+The LCI paper's microbenchmarks over schemes, lci pinned to one provider, and (``variants``, the
+paper's design-choice study) lci with one knob switched; methodology in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from time import monotonic
 from typing import Any
 
@@ -35,18 +32,6 @@ MESSAGES = Metric("rate", "messages/s", True)
 ALL_CHAINS = Metric("rate", "round trips/s, all comms", True)
 CHAIN_LATENCY = Metric("latency", "us/round trip, each comm", False)
 IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False)
-
-
-def values(m: Measurement, spec: BenchSpec) -> dict[str, float]:
-    """A measurement's metrics (see the ``Metric`` constants)."""
-    if spec.kind == IDLE:
-        return {"cpu": (m.cpu_seconds or 0.0) / m.seconds * IDLE_PER_S}
-    per_s = m.count / m.seconds
-    if spec.kind == "pingpong":
-        return {"latency": 1e6 / per_s, "bandwidth": 2 * spec.payload_bytes * per_s / MiB}
-    if spec.kind == "nchains":
-        return {"rate": per_s, "latency": spec.comms * 1e6 / per_s}
-    return {"rate": per_s}
 
 
 @dataclass(frozen=True)
@@ -101,8 +86,8 @@ _OFI_MODULE = "dask_lcicomm.providers._ofi"
 
 
 def variant(label: str, knobs: dict[str, Any], requires: str | None = None) -> Configuration:
-    """lci with ``knobs`` (keys under ``distributed.comm.lci``) set in every
-    process; a ``providers`` variant is pinned to its first provider."""
+    """lci with ``knobs`` (keys under :data:`LCI`) set in every process; a ``providers``
+    variant is pinned to its first provider."""
     providers = knobs.get("providers")
     return Configuration(label, "lci", tuple((f"{LCI}.{k}", v) for k, v in knobs.items()),
                          provider=providers[0] if providers else None, requires=requires)
@@ -163,51 +148,57 @@ def benchmarks(only: Sequence[str] | None, quick: bool, default: Sequence[str] =
 
 def run_round(c: Configuration, benches: list[Benchmark], index: int,
               record: Callable[[Record], None]) -> None:
-    """The comm benchmarks in one fresh server/client pair, then ``idle`` on
-    a cluster of its own, once the pair is gone."""
-    specs = [b.spec for b in benches]
-    comm_specs = [s for s in specs if s.kind != IDLE]
+    """The comm benchmarks, then ``idle`` on a cluster of its own once their peers are gone."""
+    _run_comm(c, [b.spec for b in benches if b.spec.kind != IDLE], index, record)
+    for bench in benches:
+        if bench.spec.kind == IDLE:
+            record(run_idle(bench.spec, c, index))
+
+
+def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
+              record: Callable[[Record], None]) -> None:
+    """``specs`` on one fresh server and client, both carrying the configuration."""
+    if not specs:
+        return
     answered = 0
     try:
-        if comm_specs:
-            for spec, (kind, name, payload) in _answers(comm_specs, c):
+        with (spawned(server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides,
+                      pythonpath=c.pythonpath) as server,
+              spawned(client_main, name=f"{c.label}-client", dask_config=c.overrides,
+                      pythonpath=c.pythonpath) as client):
+            address = expect(server, "ready", STARTUP_TIMEOUT_S)
+            client.conn.send((Server(address, c.provider), specs))
+            deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
+            for spec in specs:
+                kind, name, payload = receive(client, deadline - monotonic())
                 if name != spec.name:
                     raise PeerError(f"peer answered {name!r} while {spec.name!r} was expected")
                 record(_record(spec, c.label, index, payload) if kind == "result"
                        else Record(name, c.label, index, error=payload))
                 answered += 1
     except PeerError as exc:
-        for spec in comm_specs[answered:]:
+        for spec in specs[answered:]:
             record(Record(spec.name, c.label, index, error=str(exc)))
-    for spec in specs:
-        if spec.kind == IDLE:
-            record(run_idle(spec, c, index))
 
 
 def _record(spec: BenchSpec, label: str, index: int, m: Measurement) -> Record:
-    return Record(spec.name, label, index, values(m, spec),
-                  {"count": m.count, "seconds": m.seconds, "cpu_seconds": m.cpu_seconds})
-
-
-def _answers(specs: list[BenchSpec], c: Configuration) -> Any:
-    """Each spec with the client's answer, from a server and a client
-    process that both carry the configuration; both stopped at the end."""
-    with (spawned(server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides,
-                  pythonpath=c.pythonpath) as server,
-          spawned(client_main, name=f"{c.label}-client", dask_config=c.overrides,
-                  pythonpath=c.pythonpath) as client):
-        address = expect(server, "ready", STARTUP_TIMEOUT_S)
-        client.conn.send((Server(address, c.provider), specs))
-        deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
-        for spec in specs:
-            yield spec, receive(client, deadline - monotonic())
-        server.conn.close()
+    """The measurement's metrics (see the ``Metric`` constants) and raw numbers."""
+    per_s = m.count / m.seconds
+    if spec.kind == IDLE:
+        values = {"cpu": (m.cpu_seconds or 0.0) / m.seconds * IDLE_PER_S}
+    elif spec.kind == "pingpong":
+        values = {"latency": 1e6 / per_s, "bandwidth": 2 * spec.payload_bytes * per_s / MiB}
+    elif spec.kind == "nchains":
+        values = {"rate": per_s, "latency": spec.comms * 1e6 / per_s}
+    else:
+        values = {"rate": per_s}
+    return Record(spec.name, label, index, values, asdict(m))
 
 
 def run_idle(spec: BenchSpec, c: Configuration, index: int) -> Record:
     if c.scheme == FLOOR:
-        return Record(spec.name, c.label, index, error="floor:// is a reference for the comm API alone: "
-                      "no cluster runs on it")
+        return Record(spec.name, c.label, index, error="floor:// is a reference for the comm API "
+                      "alone: no cluster runs on it")
     try:
         m = measure_idle(c, spec.settle_s, spec.duration_s, spec.timeout_s)
     except PeerError as exc:
@@ -220,11 +211,11 @@ def _unit(bench: Benchmark, metric: Metric) -> str:
 
 
 def variants_table(result: _runner.Run) -> str:
-    """A row per variant, a column per benchmark: its ratio to default lci
-    on the headline metric, under lci's absolute medians and their spread."""
+    """A row per variant, a column per benchmark: its ratio to default lci on the headline
+    metric, under lci's absolute medians and their spread."""
     benches = result.benchmarks
-    settings = {c.label: " ".join(f"{k.removeprefix(LCI + '.')}={_yaml(v)}"
-                                  for k, v in c.dask_config) or f"{c.scheme}://"
+    settings = {c.label: " ".join(f"{k.removeprefix(LCI + '.')}={json.dumps(v)}"
+                                  for k, v in c.dask_config).replace('"', "") or f"{c.scheme}://"
                 for c in result.configurations if c.label != "lci"}
 
     def spread(b: Benchmark) -> str:
@@ -246,12 +237,6 @@ def variants_table(result: _runner.Run) -> str:
     return "\n".join([*_runner.align(rows, 2, (2, 4)), "", *_runner.notes(result)])
 
 
-def _yaml(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return f"[{', '.join(map(_yaml, value))}]"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
     is_variants = command == "variants"
     names = VARIANTS if is_variants else (*DEFAULT_NAMES, *VARIANTS)
@@ -262,10 +247,8 @@ def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
     args = p.parse_args(argv)
     try:
         if is_variants:
-            unknown = set(args.names or ()) - set(VARIANTS)
-            if unknown:
-                raise ValueError(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-            chosen = configurations(["lci", "tcp", *(args.names or VARIANTS)], args.baseline)
+            chosen = configurations(["lci", "tcp", *_runner.select(args.names, VARIANTS, VARIANTS)],
+                                    args.baseline)
             benches = benchmarks(args.benchmarks, args.quick, VARIANT_BENCHMARKS,
                                  1.0 if args.quick else 0.5)
         else:
