@@ -203,7 +203,7 @@ def _profile(procs: dict[str, psutil.Process], window_s: float, rate_hz: int) ->
             "wall_s": time.monotonic() - start, "error": error}
 
 
-async def _serialization_us(size: int, count: int, seconds: float) -> tuple[float, float]:
+async def _serialization(size: int, count: int, seconds: float) -> dict[str, float]:
     """Median µs of one ``to_frames`` and one ``from_frames`` of the ping-pong message, here."""
     msg, to_s, from_s = peers.make_message("ping", peers.make_payload(size)), [], []
     for _ in peers.bounded(count, time.perf_counter() + seconds):
@@ -213,7 +213,9 @@ async def _serialization_us(size: int, count: int, seconds: float) -> tuple[floa
         await from_frames(frames)
         to_s.append(middle - start)
         from_s.append(time.perf_counter() - middle)
-    return statistics.median(to_s) * 1e6, statistics.median(from_s) * 1e6
+    to_us, from_us = statistics.median(to_s) * 1e6, statistics.median(from_s) * 1e6
+    progress(f"{size_name(size)}: to_frames {to_us:.1f} us, from_frames {from_us:.1f} us")
+    return {"to_frames_us": to_us, "from_frames_us": from_us, "per_round_trip_us": 2 * (to_us + from_us)}
 
 
 def measure(configurations: Sequence[Configuration], sizes: Sequence[int], rounds: int,
@@ -221,12 +223,8 @@ def measure(configurations: Sequence[Configuration], sizes: Sequence[int], round
     """The serialization timing, then each configuration once per round, in rotating order: the JSON."""
     environment, status = _runner.environment_facts(), probe(configurations, peers.server_main)
     runnable = [c for c in configurations if status[c.label].available]
-    serialization = {}
-    for size in sizes:
-        to_us, from_us = asyncio.run(_serialization_us(size, *_SERIALIZATION[not quick]))
-        serialization[size_name(size)] = {"to_frames_us": to_us, "from_frames_us": from_us,
-                                          "per_round_trip_us": 2 * (to_us + from_us)}
-        progress(f"{size_name(size)}: to_frames {to_us:.1f} us, from_frames {from_us:.1f} us")
+    serialization = {size_name(size): asyncio.run(_serialization(size, *_SERIALIZATION[not quick]))
+                     for size in sizes}
     raw: list[dict[str, Any]] = []
     for index in range(rounds):
         for c in _runner.rotated(runnable, index):

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,16 +13,18 @@ from typing import Any
 
 import psutil
 
+from benchmarks import _runner
+from benchmarks._contenders import Configuration
 from benchmarks._sampler import Sampler
-from benchmarks.peer_cost import MiB, config_names, proc_bytes, run_module
+from benchmarks.comm import variant
+from benchmarks.peer_cost import MiB, chosen, in_child, proc_bytes
+from benchmarks.report import markdown_table
 
-_MODULE = "benchmarks.cluster_memory"
-_SHM = "DASK_DISTRIBUTED__COMM__LCI__SHM__"
-CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
-    "tcp": ("tcp", {}), "lci": ("lci", {}),
-    "lci-keep": ("lci", {f"{_SHM}RELEASE_AFTER": "0"}),  # idle shared memory kept
-    "lci-unbounded": ("lci", {f"{_SHM}BUDGET": "1TiB"}),  # every process lends as much as its pools hold
-}
+CONFIGS = {c.label: c for c in (
+    Configuration.of_scheme("tcp"), Configuration.of_scheme("lci"),
+    variant("lci-keep", {"shm.release-after": 0}),  # idle shared memory kept
+    variant("lci-unbounded", {"shm.budget": "1TiB"}),  # every process lends as much as its pools hold
+)}
 SAMPLE_S, AFTER_S = 0.2, 3.0
 _AFTER, _RELEASED = f"{AFTER_S:.0f} s after", f"{AFTER_S:.0f} s after the input is released"
 _MIB_ROWS = {"peak_shmem": "Shmem at the peak", "after_shmem": f"Shmem {_AFTER}",
@@ -99,14 +100,12 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> str:
         ("shuffle + rechunk, s", lambda r: f"{r['shuffle_s']:.1f} + {r['rechunk_s']:.1f}"),
         *((f"{label}, MiB", lambda r, key=key: f"{r[key] / MiB:,.0f}") for key, label in _MIB_ROWS.items()),
         ("spills / pauses / restarts", lambda r: f"{r['spills']} / {r['pauses']} / {r['restarts']}")]
-    lines = ["| | " + " | ".join(results) + " |", "|---" * (len(results) + 1) + "|"]
-    for label, cell in cells:
-        lines.append(f"| {label} | " + " | ".join(", ".join(map(cell, rs)) for rs in results.values()) + " |")
-    return "\n".join(lines)
+    return markdown_table(["", *results], ([label, *(", ".join(map(cell, rs)) for rs in results.values())]
+                                          for label, cell in cells))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {_MODULE}", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cluster_memory", description=__doc__)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--rows", type=int, default=16_000_000)
     parser.add_argument("--rounds", type=int, default=1)
@@ -114,26 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="tcp,lci,lci-keep")
     parser.add_argument("--timeout", type=float, default=900.0, help="per configuration, s")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one:
-        print(json.dumps(measure(args.one, args.workers, args.rows, args.memory_limits)))
-        return 0
-    names = config_names(parser, args.configs, CONFIGS)
-    one = ["--workers", str(args.workers), "--rows", str(args.rows), "--memory-limits", args.memory_limits]
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for round_index in range(args.rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
-            scheme, env = CONFIGS[name]
-            results[name].append(run_module(name, _MODULE, ["--one", scheme, *one], env, args.timeout))
+    configs = chosen(parser, args.configs, CONFIGS)
+    results: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
+    for index in range(args.rounds):
+        for c in _runner.rotated(configs, index):
+            _runner.progress(f"round {index + 1}: {c.label}")
+            results[c.label].append(in_child(c, measure, c.scheme, args.workers, args.rows,
+                                             args.memory_limits, timeout_s=args.timeout))
     print(_table(results))
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
         args.json.write_text(json.dumps({"args": settings, "results": results}, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

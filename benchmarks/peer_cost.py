@@ -6,29 +6,33 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib.util
+import inspect
 import json
 import os
-import signal
-import subprocess
-import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from distributed.comm import connect, listen
+from distributed.comm.core import CommClosedError
+
+from benchmarks import _runner
+from benchmarks._comm_peers import check_provider, server_main
+from benchmarks._contenders import Configuration, probe
+from benchmarks._procs import expect, ignore_sigint, send_quietly, spawned
+from benchmarks.comm import variant
+from benchmarks.report import markdown_table
+
 MiB = 1 << 20
-_MODULE = "benchmarks.peer_cost"
-_LCI = "DASK_DISTRIBUTED__COMM__LCI__"
-CONFIGS: dict[str, tuple[str, dict[str, str], str | None]] = {  # name: (scheme, environment, needs)
-    "tcp": ("tcp", {}, None), "ucxx": ("ucxx", {}, "distributed_ucxx"), "lci": ("lci", {}, None),
-    "lci-tcp": ("lci", {f"{_LCI}PROVIDERS": "[tcp]"}, None),
-    "lci-ucx": ("lci", {f"{_LCI}PROVIDERS": "[ucx]"}, "ucxx"),
-    "lci-ofi": ("lci", {f"{_LCI}PROVIDERS": "[ofi]", f"{_LCI}OFI__NODE": "127.0.0.1",
-                        f"{_LCI}OFI__PROVIDER": "tcp;ofi_rxm"}, "dask_lcicomm.providers._ofi"),
-}
+_OFI = {"ofi.node": "127.0.0.1", "ofi.provider": "tcp;ofi_rxm"}
+CONFIGS = {c.label: c for c in (
+    *map(Configuration.of_scheme, ("tcp", "ucxx", "lci")), variant("lci-tcp", {"providers": ["tcp"]}),
+    variant("lci-ucx", {"providers": ["ucx"]}, requires="ucxx"),
+    variant("lci-ofi", {"providers": ["ofi"], **_OFI}, requires="dask_lcicomm.providers._ofi"))}
 MESSAGE = {"op": "ping", "x": 1}
-_ADDRESSES = "addresses:"
-#: Seconds a server has to print its addresses, then to exit once its input closes; the measurement's.
-_START_S, _STOP_S, _MEASURE_S = 120, 30, 300.0
+_START_S, _MEASURE_S = 120.0, 300.0  # for the servers to listen; for the measurement
 
 
 def proc_bytes(path: str, field: str) -> int:
@@ -37,50 +41,59 @@ def proc_bytes(path: str, field: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in file if line.startswith(field))
 
 
-def config_names(parser: argparse.ArgumentParser, text: str, known: dict[str, Any]) -> list[str]:
-    names = [name.strip() for name in text.split(",")]
-    if unknown := [name for name in names if name not in known]:
-        parser.error(f"unknown configurations {unknown}; known: {list(known)}")
-    return names
+def chosen(parser: argparse.ArgumentParser, names: str, known: dict[str, Configuration]
+           ) -> list[Configuration]:
+    """The configurations named in ``names`` (comma-separated), in ``known``'s order."""
+    try:
+        return [known[name] for name in _runner.select(_runner.csv(names), (), list(known))]
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
-def run_module(name: str, module: str, argv: list[str], env: dict[str, str], timeout_s: float) -> Any:
-    """Configuration ``name``'s ``python -m module *argv`` with ``env``: its last line, as JSON."""
-    done = subprocess.run([sys.executable, "-m", module, *argv], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def in_child(c: Configuration, work: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+    """``work(*args)`` (awaited if a coroutine function) in a fresh process with ``c``'s Dask
+    settings, which may start processes of its own: its result, else a PeerError."""
+    with spawned(_answer, work, *args, name=f"{c.label}-{work.__name__}", dask_config=c.overrides,
+                 daemon=False) as child:
+        return expect(child, "result", timeout_s)
 
 
-async def _serve(scheme: str, count: int) -> None:
-    """Hold ``count`` listeners, each echoing one message, until standard input closes."""
-    from distributed.comm import listen
-    from distributed.comm.core import CommClosedError
+def _answer(conn: Connection, work: Callable[..., Any], *args: Any) -> None:
+    ignore_sigint()
+    try:
+        conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work)
+                   else work(*args)))
+    except Exception:
+        send_quietly(conn, ("failed", traceback.format_exc()))
 
+
+def _serve(conn: Connection, scheme: str, count: int) -> None:
+    """Child: ``count`` listeners, each echoing one message, until the parent closes the pipe."""
+    ignore_sigint()
+    asyncio.run(_listen(conn, scheme, count))
+
+
+async def _listen(conn: Connection, scheme: str, count: int) -> None:
     async def echo(comm: Any) -> None:
         with contextlib.suppress(CommClosedError):
             await comm.write(await comm.read())
             await comm.read()  # keeps the comm until the measuring process closes it
 
-    signal.alarm(_START_S)  # SIGALRM ends a server stuck before it prints its addresses...
     listeners = [await listen(f"{scheme}://127.0.0.1:0", echo) for _ in range(count)]  # awaited: started
-    print(_ADDRESSES, json.dumps([listener.contact_address for listener in listeners]), flush=True)
-    signal.alarm(0)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    signal.alarm(_STOP_S)  # ...or stuck stopping: the driver's wait for it is bounded
+    conn.send(("ready", [listener.contact_address for listener in listeners]))
+    with contextlib.suppress(EOFError, OSError):
+        await asyncio.to_thread(conn.recv)
     for listener in listeners:
         listener.stop()
 
 
-async def _measure(addresses: list[str]) -> dict[str, Any]:
+async def _measure(addresses: list[str], provider: str | None) -> dict[str, Any]:
     """Descriptors and RSS after a round trip with the first peer and with the last."""
-    from distributed.comm import connect
-
     comms: list[Any] = []
     usage: list[tuple[int, int]] = []
     for address in addresses:
         comms.append(comm := await connect(address))
+        check_provider(comm, provider)
         await comm.write(MESSAGE)
         if await comm.read() != MESSAGE:
             raise RuntimeError(f"wrong echo from {address}")
@@ -96,56 +109,37 @@ async def _measure(addresses: list[str]) -> dict[str, Any]:
             "fds_first": fds_first, "rss_mib_first": rss_first / MiB}
 
 
-def _addresses(server: subprocess.Popen[str]) -> list[str]:
-    """The marked line a server prints, past what else it prints (UCX prints warnings on stdout)."""
-    for line in server.stdout or ():
-        if line.startswith(_ADDRESSES):
-            return list(json.loads(line[len(_ADDRESSES):]))
-    raise RuntimeError("a server ended without printing its addresses")
-
-
-def _one(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def _one(c: Configuration, peers: int, servers: int) -> dict[str, Any]:
     """A configuration in fresh processes: the servers, then the measurement."""
-    scheme, env, _ = CONFIGS[name]
-    serve = [sys.executable, "-m", _MODULE, "--serve", scheme, "--peers", str(-(-args.peers // args.servers))]
-    with contextlib.ExitStack() as stack:  # on leaving, closes each server's input and waits for it
-        servers = [stack.enter_context(subprocess.Popen(serve, env={**os.environ, **env}, text=True,
-                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)) for _ in range(args.servers)]
-        addresses = [address for server in servers for address in _addresses(server)][: args.peers]
-        return run_module(name, _MODULE, ["--measure", json.dumps(addresses)], env, _MEASURE_S)
+    with contextlib.ExitStack() as stack:  # on leaving, stops the servers
+        started = [stack.enter_context(spawned(_serve, c.scheme, -(-peers // servers), name=f"{c.label}-{i}",
+                                               dask_config=c.overrides)) for i in range(servers)]
+        addresses = [address for server in started for address in expect(server, "ready", _START_S)]
+        return in_child(c, _measure, addresses[:peers], c.provider, timeout_s=_MEASURE_S)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {_MODULE}", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_cost", description=__doc__)
     parser.add_argument("--peers", type=int, default=64)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--serve", help=argparse.SUPPRESS)  # the scheme
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # the addresses
     args = parser.parse_args(argv)
-    if args.serve:
-        asyncio.run(_serve(args.serve, args.peers))
-        return 0
-    if args.measure:
-        print(json.dumps(asyncio.run(_measure(json.loads(args.measure)))))
-        return 0
     if args.peers < 2 or args.servers < 1:
         parser.error("--peers must be at least 2 and --servers at least 1")
+    configs = chosen(parser, args.configs, CONFIGS)
+    status = probe(configs, server_main)
     results: dict[str, Any] = {}
-    for name in config_names(parser, args.configs, CONFIGS):
-        needs = CONFIGS[name][2]
-        if needs and importlib.util.find_spec(needs) is None:
-            results[name] = {"skipped": f"{needs} is not installed"}
+    for c in configs:
+        if not status[c.label].available:
+            results[c.label] = {"skipped": f"{status[c.label].label}: {status[c.label].detail}"}
             continue
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        results[name] = _one(name, args)
-    print(f"| per peer ({args.peers} peers in {args.servers} processes) | descriptors | RSS, MiB |")
-    print("|---|---|---|")
-    for name, r in results.items():
-        row = (f"{r['skipped']} |" if "skipped" in r
-               else f"{r['fds_per_peer']:.2f} | {r['rss_mib_per_peer']:.3f}")
-        print(f"| {name} | {row} |")
+        _runner.progress(f"{c.label} ...")
+        results[c.label] = _one(c, args.peers, args.servers)
+    head = [f"per peer ({args.peers} peers in {args.servers} processes)", "descriptors", "RSS, MiB"]
+    print(markdown_table(head, ([name, r["skipped"], ""] if "skipped" in r else
+                                [name, f"{r['fds_per_peer']:.2f}", f"{r['rss_mib_per_peer']:.3f}"]
+                                for name, r in results.items())))
     if args.json:
         summary = {"peers": args.peers, "servers": args.servers, "results": results}
         args.json.write_text(json.dumps(summary, indent=1))
@@ -153,4 +147,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
