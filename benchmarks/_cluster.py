@@ -1,8 +1,6 @@
-"""A ``LocalCluster`` and its ``Client`` kept up in a child process that
-answers the parent's requests (``dask`` runs graphs on it), and the ``idle``
-benchmark: the CPU time of that process tree while nothing happens, measured
-from outside it, since a comm that wins by polling costs every other job.
-"""
+"""A ``LocalCluster`` and its ``Client`` in a child process that answers the parent's
+requests (``dask`` runs graphs on it), and the ``idle`` benchmark: that process tree's CPU
+time while nothing happens, since a comm that wins by polling costs every other job."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,13 +23,11 @@ N_WORKERS = 2
 #: A single-process cluster (``processes=False``): the zero-communication reference.
 INPROC = "inproc"
 
-#: ``answer(client, request)`` is what the child sends back for a request.
-Answer = Callable[[Any, Any], Any]
+Answer = Callable[[Any, Any], Any]  # answer(client, request): what the child sends back
 
 
 def cluster_main(conn: Connection, scheme: str, answer: Answer) -> None:
-    """Child: ``("ready", workers)`` once up, then one answer per request
-    until EOF; ``("failed", traceback)`` if the cluster breaks."""
+    """Child: ``("ready", workers)``, one answer per request until EOF, or ``("failed", tb)``."""
     from distributed import Client, LocalCluster
 
     ignore_sigint()
@@ -60,11 +56,9 @@ def backend_file(scheme: str) -> str | None:
 
 
 def _check_same_backend(client: Any, scheme: str) -> None:
-    """Workers (started by nannies) must run this process's build of the
-    backend: a cluster mixing two builds would measure neither."""
+    """Workers (started by nannies) must run our build: a mix of two would measure neither."""
     ours = backend_file(scheme)
-    strays = {w: path for w, path in client.run(backend_file, scheme).items() if path != ours}
-    if strays:
+    if strays := {w: path for w, path in client.run(backend_file, scheme).items() if path != ours}:
         raise RuntimeError(f"workers loaded the {scheme}:// backend from elsewhere than their "
                            f"cluster ({ours}): {strays}")
 
@@ -74,22 +68,21 @@ def workers(client: Any) -> list[str]:
 
 
 def link_providers(client: Any) -> dict[str, list[str]]:
-    """The lci providers the links of the scheduler's process and of each
-    worker run over, asked on each one's event loop: what lci really used."""
+    """The providers lci's links really ran over, in the scheduler's process and each worker."""
     from dask_lcicomm import connections
 
     found = {"scheduler": client.run_on_scheduler(connections), **client.run(connections)}
     return {where: sorted({link["provider"] for link in links}) for where, links in found.items()}
 
 
-def answer_idle(client: Any, request: str) -> tuple[str, Any]:
-    return (request, link_providers(client) if request == "providers" else workers(client))
+def answer_idle(client: Any, providers: bool) -> tuple[str, Any]:
+    """Its workers after the idle window and, if asked for, the providers of its links."""
+    return ("idle", (workers(client), link_providers(client) if providers else None))
 
 
 @contextmanager
 def started_cluster(c: Configuration, answer: Answer) -> Iterator[tuple[Peer, list[str]]]:
-    """The child running ``c``'s cluster and its workers, once all are up;
-    it and its workers are stopped on exit in every case."""
+    """The child running ``c``'s cluster and its workers, once all are up; stopped on exit."""
     with spawned(cluster_main, c.scheme, answer, name=f"{c.label}-cluster",
                  dask_config=c.overrides, pythonpath=c.pythonpath,
                  daemon=False) as cluster:  # it starts worker processes
@@ -104,79 +97,47 @@ def send_request(cluster: Peer, request: Any) -> None:
         raise PeerError(f"{cluster.process.name}: pipe broken ({exc})") from exc
 
 
-def _ask(cluster: Peer, request: str, deadline: float) -> Any:
-    send_request(cluster, request)
-    return expect(cluster, request, deadline - time.monotonic())
-
-
 def measure_idle(c: Configuration, settle_s: float, window_s: float, timeout_s: float
                  ) -> Measurement:
-    """CPU seconds of ``c``'s whole idle cluster over ``window_s``, sampled
-    every 0.5 s; an error if its workers changed meanwhile (a restart makes
-    the number meaningless) or, with ``c.provider``, a link ran elsewhere."""
+    """CPU seconds of ``c``'s whole idle cluster over ``window_s``: an error if its workers
+    changed meanwhile (a restart) or, with ``c.provider``, a link ran over another provider."""
     with started_cluster(c, answer_idle) as (cluster, before):
         deadline = time.monotonic() + timeout_s
         time.sleep(settle_s)
         try:
-            meter = TreeCpu(psutil.Process(cluster.process.pid))
+            root = psutil.Process(cluster.process.pid)
         except psutil.NoSuchProcess as exc:
             raise PeerError(f"{cluster.process.name}: exited before the idle window") from exc
-        while meter.sampled < meter.started + window_s:
+        first = latest = _tree_cpu(root)
+        started = sampled = time.monotonic()
+        while sampled < started + window_s:
             if not cluster.process.is_alive() or time.monotonic() > deadline:
                 raise PeerError(f"{cluster.process.name}: exited or overran the idle window")
-            time.sleep(max(0.0, min(0.5, meter.started + window_s - time.monotonic())))
-            meter.sample()
-        after = _ask(cluster, "workers", deadline)
-        if after != before:
-            raise PeerError(f"{cluster.process.name}: workers changed during the idle window "
-                            f"({', '.join(before)} -> {', '.join(after)})")
-        if c.provider is not None:
-            found = _ask(cluster, "providers", deadline)
-            if wrong := {where: used for where, used in found.items() if used != [c.provider]}:
-                raise PeerError(f"{cluster.process.name}: links over providers {wrong}, not only "
-                                f"{c.provider!r} (lci fell back; its log above says why)")
-    return Measurement(meter.processes, meter.seconds, cpu_seconds=meter.cpu_seconds)
+            time.sleep(max(0.0, min(0.5, started + window_s - time.monotonic())))
+            sampled = time.monotonic()
+            latest = latest | _tree_cpu(root)
+        send_request(cluster, c.provider is not None)
+        after, found = expect(cluster, "idle", deadline - time.monotonic())
+    if after != before:
+        raise PeerError(f"{cluster.process.name}: workers changed during the idle window "
+                        f"({', '.join(before)} -> {', '.join(after)})")
+    if wrong := {at: used for at, used in (found or {}).items() if used != [c.provider]}:
+        raise PeerError(f"{cluster.process.name}: links over providers {wrong}, not only "
+                        f"{c.provider!r} (lci fell back; its log above says why)")
+    cpu_seconds = sum(seconds - first.get(key, 0.0) for key, seconds in latest.items())
+    return Measurement(len(latest), sampled - started, cpu_seconds=cpu_seconds)
 
 
-class TreeCpu:
-    """CPU time (user + system) of a process tree between the first and the
-    latest sample.  A process seen later counts from zero; one that vanished
-    keeps its last sample (its parent's ``children_*`` times are not counted
-    for anyone, so nothing counts twice)."""
-
-    def __init__(self, root: psutil.Process) -> None:
-        self._root = root
-        self._first: dict[tuple[int, float], float] = {}
-        self._latest: dict[tuple[int, float], float] = {}
-        self.started = self.sampled = time.monotonic()
-        self._record(baseline=True)
-
-    def sample(self) -> None:
-        self.sampled = time.monotonic()
-        self._record(baseline=False)
-
-    def _record(self, baseline: bool) -> None:
-        try:
-            tree = [self._root, *self._root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for proc in tree:
-            try:
-                key = (proc.pid, proc.create_time())  # a recycled pid is a new process
-                times = proc.cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            self._first.setdefault(key, times.user + times.system if baseline else 0.0)
-            self._latest[key] = times.user + times.system
-
-    @property
-    def processes(self) -> int:
-        return len(self._latest)
-
-    @property
-    def seconds(self) -> float:
-        return self.sampled - self.started
-
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(self._latest[key] - self._first[key] for key in self._latest)
+def _tree_cpu(root: psutil.Process) -> dict[tuple[int, float], float]:
+    """User + system CPU seconds of each process in ``root``'s tree, by pid and start time:
+    merged over samples, one that exits keeps its last (``children_*`` times never count)."""
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    found: dict[tuple[int, float], float] = {}
+    for proc in tree:
+        with suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            times = proc.cpu_times()
+            found[proc.pid, proc.create_time()] = times.user + times.system
+    return found

@@ -1,7 +1,5 @@
-"""Benchmark peers, each a ``spawn``-ed process: a backend's global state is
-fresh every round, and a crash or hang in one scheme cannot take the run
-with it.  A started process is always stopped again, and so is whatever it
-started (a ``LocalCluster``'s workers)."""
+"""Benchmark peers, each a ``spawn``-ed process: a backend's global state is fresh every
+round, and a crash or hang in one scheme cannot take the run with it."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -39,11 +37,9 @@ class PeerError(RuntimeError):
 def spawned(target: Callable[..., None], *args: Any, name: str, daemon: bool = True,
             dask_config: Mapping[str, Any] | None = None, pythonpath: str | None = None
             ) -> Iterator[Peer]:
-    """Run ``target(conn, *args)`` in a fresh process for the ``with`` body,
-    with ``dask_config`` (dotted keys) set and modules looked up in
-    ``pythonpath`` first.  On exit the pipe closes (EOF means "stop"), then
-    the process and its descendants are stopped, ever more forcefully.
-    ``daemon=False`` for a peer that starts processes itself."""
+    """``target(conn, *args)`` in a fresh process with ``dask_config`` set, importing from
+    ``pythonpath`` first (``daemon=False`` if it starts processes); on exit the pipe closes
+    (EOF: "stop"), then it and its descendants are stopped, ever more forcefully."""
     parent_conn, child_conn = _CTX.Pipe()
     process = _CTX.Process(target=_with_dask_config, name=name, daemon=daemon,
                            args=(dict(dask_config or {}), target, child_conn, *args))
@@ -68,40 +64,32 @@ def spawned(target: Callable[..., None], *args: Any, name: str, daemon: bool = T
         _, alive = psutil.wait_procs(descendants, timeout=_GRACE_S)
         for signal_ in (psutil.Process.terminate, psutil.Process.kill):
             for proc in alive:  # psutil checks creation times: no recycled pid is hit
-                try:
+                with suppress(psutil.NoSuchProcess):
                     signal_(proc)
-                except psutil.NoSuchProcess:
-                    pass
             _, alive = psutil.wait_procs(alive, timeout=_GRACE_S)
 
 
 @contextmanager
 def _modules_first_from(path: str | None) -> Iterator[None]:
-    """A spawned child takes ``PYTHONPATH`` at start, then ``multiprocessing``
-    replaces ``sys.path`` with the parent's before unpickling the target: so
-    both are set for the duration of ``start()`` (its own children inherit
-    the variable)."""
-    if path is None:
-        yield
-        return
+    """A spawned child takes ``PYTHONPATH`` (which its children inherit), then the parent's
+    ``sys.path`` before unpickling the target: both are set during ``start()``."""
     saved_env, saved_path = os.environ.get("PYTHONPATH"), list(sys.path)
-    os.environ["PYTHONPATH"] = os.pathsep.join([path, saved_env] if saved_env else [path])
-    sys.path.insert(0, path)
+    if path is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join([path, saved_env] if saved_env else [path])
+        sys.path.insert(0, path)
     try:
         yield
     finally:
         sys.path[:] = saved_path
-        if saved_env is None:
-            del os.environ["PYTHONPATH"]
-        else:
+        os.environ.pop("PYTHONPATH", None)
+        if saved_env is not None:
             os.environ["PYTHONPATH"] = saved_env
 
 
 def _with_dask_config(overrides: dict[str, Any], target: Callable[..., None], conn: Connection,
                       *args: Any) -> None:
-    """Not ``DASK_*`` variables: Dask reads those before a backend registers
-    its defaults, so ``eager-threshold`` would arrive as ``eager_threshold``.
-    A cluster's workers get the overrides from their nanny."""
+    """Not ``DASK_*`` variables: Dask reads those before a backend registers its defaults
+    (``eager-threshold`` would arrive as ``eager_threshold``).  Nannies pass them on."""
     if overrides:
         import dask.config
 
@@ -120,21 +108,18 @@ def report_origin(conn: Connection, module: str) -> None:
 def receive(peer: Peer, timeout_s: float) -> Any:
     """The peer's next message; a :class:`PeerError` if it hangs or dies."""
     try:
-        ready = peer.conn.poll(max(timeout_s, 0.0))
-    except (EOFError, OSError) as exc:
-        raise PeerError(f"{peer.process.name}: pipe broken ({exc})") from exc
-    if not ready:
-        raise PeerError(f"{peer.process.name}: no answer within {timeout_s:.0f} s")
-    try:
+        if not peer.conn.poll(max(timeout_s, 0.0)):
+            raise PeerError(f"{peer.process.name}: no answer within {timeout_s:.0f} s")
         return peer.conn.recv()
     except (EOFError, OSError) as exc:
         peer.process.join(_GRACE_S)
-        raise PeerError(f"{peer.process.name}: exited with code {peer.process.exitcode}") from exc
+        raise PeerError(f"{peer.process.name}: pipe broken ({type(exc).__name__}), exit code "
+                        f"{peer.process.exitcode}") from exc
 
 
 def expect(peer: Peer, kind: str, timeout_s: float) -> Any:
-    """The payload of the peer's next message, which must be ``(kind,
-    payload)``; a crash (``("failed", traceback)``) raises its last line."""
+    """The payload of the peer's next message, which must be ``(kind, payload)``; a crash
+    (``("failed", traceback)``) raises its last line."""
     got, payload = receive(peer, timeout_s)
     if got != kind:
         lines = [line for line in str(payload).strip().splitlines() if line.strip()]
@@ -144,10 +129,8 @@ def expect(peer: Peer, kind: str, timeout_s: float) -> Any:
 
 def send_quietly(conn: Connection, message: tuple[Any, ...]) -> None:
     """Report to the parent if it still listens; it may have given up."""
-    try:
+    with suppress(EOFError, OSError):
         conn.send(message)
-    except (BrokenPipeError, EOFError, OSError):
-        pass
 
 
 def ignore_sigint() -> None:
