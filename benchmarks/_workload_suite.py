@@ -207,10 +207,6 @@ def h2o_groupby(client: Any, size: float, timed: Timed) -> None:
     check(len(q7) == len(q3), "q3 and q7 found different groups of id3")
 
 
-def _inc(x: int) -> int:
-    return x + 1
-
-
 def _second(root: bytes, i: int) -> int:
     return i
 
@@ -224,18 +220,15 @@ def work_stealing(client: Any, size: float, timed: Timed) -> None:
     check(results == list(range(n)), "work-stealing results")
 
 
-def submit_result(client: Any, size: float, timed: Timed) -> None:
-    n = _scaled(200, size)
+def futures(client: Any, size: float, timed: Timed, n: int, one_by_one: bool) -> None:
+    """``n`` futures of trivial tasks: submitted and awaited one by one, or mapped at once."""
+    n = _scaled(n, size)
     with timed():
-        total = sum(client.submit(_inc, i, pure=False).result() for i in range(n))
-    check(total == n * (n + 1) // 2, "submit/result")
-
-
-def large_map(client: Any, size: float, timed: Timed) -> None:
-    n = _scaled(3000, size)
-    with timed():
-        total = sum(client.gather(client.map(_inc, range(n), pure=False)))
-    check(total == n * (n + 1) // 2, "large map")
+        if one_by_one:
+            results = [client.submit(_identity, i, pure=False).result() for i in range(n)]
+        else:
+            results = client.gather(client.map(_identity, range(n), pure=False))
+    check(results == list(range(n)), "futures' results")
 
 
 _SWAP_AXES = "test_rechunk.py::test_swap_axes_in_memory"
@@ -255,7 +248,8 @@ WORKLOADS = (
     Workload("work-stealing",
              "test_work_stealing.py::test_trivial_workload_should_not_cause_work_stealing",
              work_stealing),
-    Workload("submit-result", "test_futures.py::test_single_future", submit_result),
-    Workload("large-map", "test_futures.py::test_large_map", large_map),
+    Workload("submit-result", "test_futures.py::test_single_future",
+             partial(futures, n=200, one_by_one=True)),
+    Workload("large-map", "test_futures.py::test_large_map", partial(futures, n=3000, one_by_one=False)),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -20,7 +19,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
-from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ import psutil
 from distributed import Client, LocalCluster
 
 from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
-from benchmarks._runner import environment_facts
+from benchmarks._runner import align, csv, environment_facts, one_line, progress, rotated
 from benchmarks._sampler import Sampler
 from benchmarks._testbed import testbed
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
@@ -45,7 +43,6 @@ SAMPLE_S = 0.1  # between samples of the cluster's memory
 KEYS = ("seconds", "cpu_seconds", "system_seconds", "minor_faults", "peak_mib", "comm_seconds",
         "graph_seconds", "share")
 _TICKS = os.sysconf("SC_CLK_TCK")  # per second, in /proc/<pid>/stat
-_progress = partial(print, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -82,11 +79,9 @@ def worker_comm_seconds(dask_worker: Any) -> float:
 
 
 def _pss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            return next((int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:")), 0)
-    except OSError:
-        return 0
+    with suppress(psutil.Error):
+        return int(psutil.Process(pid).memory_full_info().pss)
+    return 0
 
 
 class Meter:
@@ -127,7 +122,7 @@ class Meter:
     @contextmanager
     def timed(self) -> Iterator[None]:
         comm_before, counters_before = self._comm(), self._counters()  # no RPC in the window
-        with Sampler(lambda: (sum(_pss_bytes(pid) for pid in self.pids),), SAMPLE_S) as sampler:
+        with Sampler(lambda: (sum(map(_pss_bytes, self.pids)),), SAMPLE_S) as sampler:
             start = time.perf_counter()
             yield
             seconds = time.perf_counter() - start
@@ -141,7 +136,7 @@ class Meter:
 def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | None,
                 names: list[str], size: float, repeat: int) -> None:
     """Child process: holds the client (and, without ``address``, the ``LocalCluster``), runs the
-    workloads and reports each timed run."""
+    workloads and sends a record of each timed run or error, then the links lci ran over."""
     ignore_sigint()
     try:
         from benchmarks._cluster import link_providers
@@ -163,9 +158,9 @@ def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | 
                         BY_NAME[name].run(client, size, meter.timed)
                         if meter.last is None:
                             raise RuntimeError(f"{name} timed nothing")
-                        conn.send(("result", name, {**meter.last, "run": index}))
+                        conn.send(("record", {"workload": name, **meter.last, "run": index}))
                 except Exception as exc:
-                    conn.send(("error", name, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+                    conn.send(("record", {"workload": name, "error": one_line(exc)}))
             conn.send(("links", link_providers(client) if scheme == "lci" else None))
     except Exception:
         send_quietly(conn, ("failed", traceback.format_exc()))
@@ -187,28 +182,20 @@ def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str]
             driver = stack.enter_context(spawned(driver_main, scheme, setting, address, names, size,
                                                  repeat, name=f"{scheme}-{setting.name}", daemon=False))
             expect(driver, "ready", setting.startup_s + 30)
-            pending = dict.fromkeys(names, repeat)
-            while pending:
-                kind, name, payload = receive(driver, WORKLOAD_TIMEOUT_S)
-                ok = kind == "result"
-                row = row_name(name, payload["run"]) if ok else name
-                what = f"{payload['seconds']:.2f} s" if ok else payload
-                _progress(f"  {setting.name} r{round_index + 1} {scheme:>5} {row:<19} {what}")
-                records.append({**base, "workload": name, **(payload if ok else {"error": payload})})
-                pending[name] -= 1
-                if not (ok and pending[name]):
-                    del pending[name]
-            links = expect(driver, "links", 60)
+            while (message := receive(driver, WORKLOAD_TIMEOUT_S))[0] == "record":
+                r = {**base, **message[1]}
+                what = r["error"] if "error" in r else f"{r['seconds']:.2f} s"
+                row = row_name(r["workload"], r.get("run", 0))
+                progress(f"  {setting.name} r{round_index + 1} {scheme:>5} {row:<19} {what}")
+                records.append(r)
+            if message[0] != "links":
+                lines = str(message[1]).strip().splitlines()
+                raise PeerError(f"{driver.process.name} failed: {lines[-1] if lines else ''}")
     except (PeerError, RuntimeError, OSError) as exc:
         seen = {r["workload"] for r in records}
         return records + [{**base, "workload": name, "error": str(exc).splitlines()[0]}
                           for name in names if name not in seen]
-    return [{**r, "links": links} if links else r for r in records]
-
-
-def rotated(items: Sequence[str], shift: int) -> list[str]:
-    shift %= len(items)
-    return [*items[shift:], *items[:shift]]
+    return [{**r, "links": message[1]} if message[1] else r for r in records]
 
 
 def row_name(workload: str, run: int) -> str:
@@ -258,23 +245,19 @@ def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str,
             if ratio is not None:
                 ratios.setdefault((run, s), []).append(ratio)
         tcp = m.get("tcp")
+        shares = [tcp[k] / tcp["seconds"] if tcp else None for k in ("comm_seconds", "graph_seconds")]
         rows.append([row_name(w.name, run), *(cell(m.get(s, {}).get("seconds")) for s in schemes),
-                     *map(cell, over),
-                     cell(tcp["comm_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
-                     cell(tcp["graph_seconds"] / tcp["seconds"] if tcp else None, ".0%"),
+                     *map(cell, over), *(cell(share, ".0%") for share in shares),
                      cell(1 - tcp["share"] if tcp else None),
                      *(cell(lci_over(m, k, "tcp")) for k in ("cpu_seconds", "minor_faults", "peak_mib"))])
     for run in sorted({run for run, _ in ratios}):
         rows.append([row_name("geometric mean", run), *[""] * len(schemes),
                      *(cell(geomean(ratios.get((run, s), []))) for s in others), *[""] * 6])
-    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
-    return "\n".join([f"{setting.name}: {setting.describe()}", *lines])
+    return "\n".join([f"{setting.name}: {setting.describe()}", *align(rows, 1, rules=())])
 
 
 def report_page(data: dict[str, Any]) -> str:
-    """A saved run as Markdown: how it was run, then each setting's table."""
+    """A saved run as Markdown (the docs' pages): how it was run, then each setting's table."""
     env = data["environment"]
     argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
     lines = [
@@ -294,7 +277,6 @@ def report_page(data: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks workloads", description=__doc__)
-    csv = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
     add = parser.add_argument
     add("--quick", action="store_true", help="one round of local-2 at a small size (a check that all runs)")
     add("--settings", type=csv, help=f"default: {','.join(_SETTING)}")
@@ -315,49 +297,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
     settings = [_SETTING[s] for s in chosen]
     if any(s.per_host for s in settings) and (why := unavailable()) is not None:
-        _progress(f"simulated hosts left out: {why}")
+        progress(f"simulated hosts left out: {why}")
         settings = [s for s in settings if not s.per_host]
     schemes = [s for s in args.schemes
                if s not in REQUIRES or importlib.util.find_spec(REQUIRES[s]) is not None]
     rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
+    data: dict[str, Any] = {
+        "command": "workloads", "environment": environment_facts(),  # its load average: the run's
+        "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
+        "repeat": args.repeat, "size": size, "complete": False, "seconds": 0, "records": [],
+        "medians": {}, "sources": {w.name: w.source for w in WORKLOADS}}
     started = time.monotonic()
-    environment = environment_facts()  # at the start: its load average is the run's
 
-    def write(records: list[dict[str, Any]], complete: bool = False) -> None:
-        """The JSON so far: a run stopped half-way keeps what it measured."""
+    def update(complete: bool = False) -> None:
+        """The JSON is written after every round: a run stopped half-way keeps what it measured."""
+        data.update(complete=complete, seconds=round(time.monotonic() - started),
+                    medians=medians(data["records"]))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({
-                "command": "workloads", "environment": environment,
-                "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
-                "repeat": args.repeat, "size": size, "complete": complete,
-                "seconds": round(time.monotonic() - started), "records": records,
-                "medians": medians(records), "sources": {w.name: w.source for w in WORKLOADS},
-            }, indent=1) + "\n")
+            args.json.write_text(json.dumps(data, indent=1) + "\n")
 
-    records: list[dict[str, Any]] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-            for setting, round_index in itertools.product(settings, range(rounds)):
-                for scheme in rotated(schemes, round_index):
-                    begun = time.monotonic()
-                    records += _one_round(setting, scheme, round_index, names, size, args.repeat,
-                                          Path(logdir))
-                    _progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
-                              f"{time.monotonic() - begun:.0f} s")
-                    write(records)
-    except KeyboardInterrupt:
-        _progress("interrupted; clusters and simulated hosts were removed")
-        return 130
-    write(records, complete=True)
-    table = medians(records)
-    for setting in settings:
-        print(format_setting(setting, table.get(setting.name, {}), schemes) + "\n")
-    errors = [r for r in records if "error" in r]
-    for r in errors:
-        print(f"error: {r['setting']} round {r['round'] + 1} {r['scheme']} {r['workload']}: {r['error']}")
+    with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
+        for setting, round_index in itertools.product(settings, range(rounds)):
+            for scheme in rotated(schemes, round_index):
+                begun = time.monotonic()
+                data["records"] += _one_round(setting, scheme, round_index, names, size,
+                                              args.repeat, Path(logdir))
+                progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
+                         f"{time.monotonic() - begun:.0f} s")
+                update()
+    update(complete=True)
+    print(report_page(data), end="")
     if left_out := sorted(set(args.schemes) - set(schemes)):
-        print(f"not installed, left out: {', '.join(left_out)}")
-    print(f"{len(records) - len(errors)} measurements in {time.monotonic() - started:.0f} s")
-    return 1 if errors else 0
+        print(f"- not installed, left out: {', '.join(left_out)}")
+    return 1 if any("error" in r for r in data["records"]) else 0

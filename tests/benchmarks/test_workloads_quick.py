@@ -238,5 +238,6 @@ def test_a_wrong_result_raises() -> None:
 
 def test_a_saved_run_renders_as_a_page_of_the_docs(quick_run: dict[str, Any]) -> None:
     page = report_page(quick_run["data"])
+    assert page in quick_run["proc"].stdout  # what the run printed
     assert "python -m benchmarks workloads" in page
     assert page.count("```text") == 1 and "local-2:" in page and "geometric mean" in page
