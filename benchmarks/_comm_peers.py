@@ -167,13 +167,17 @@ async def connected_many(server: Server, n: int) -> AsyncIterator[list[Any]]:
         for _ in range(n):
             comm = await connect(server.address, timeout=CONNECT_TIMEOUT_S)
             comms.append(comm)
-            got = comm.extra_info.get("provider")
-            if server.provider is not None and got != server.provider:
-                raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
-                                    f"{server.provider!r} (lci fell back; its log above says why)")
+            check_provider(comm, server.provider)
         yield comms
     finally:
         await asyncio.gather(*(_close(c) for c in comms))
+
+
+def check_provider(comm: Any, wanted: str | None) -> None:
+    got = comm.extra_info.get("provider")
+    if wanted is not None and got != wanted:
+        raise WrongProvider(f"{comm.peer_address}: comm runs over provider {got!r}, not "
+                            f"{wanted!r} (lci fell back; its log above says why)")
 
 
 async def _close(comm: Any) -> None:
