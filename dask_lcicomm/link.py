@@ -17,8 +17,6 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from distributed.comm.core import FatalCommClosedError
-
 from dask_lcicomm.aggregation import Aggregator
 from dask_lcicomm.config import Settings
 from dask_lcicomm.link_protocol import Acceptor, Greeting, LinkProtocol, Receiver
@@ -27,15 +25,17 @@ from dask_lcicomm.progress import ProgressEngine
 from dask_lcicomm.progress.completion import Completion
 from dask_lcicomm.providers import registry
 from dask_lcicomm.providers.base import Device, DeviceOptions, connect_timeout
-from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
+from dask_lcicomm.providers.registry import (
+    NotAnLCIPeer,
+    Offering,
+    PeerOffer,
+    Provider,
+    ProviderUnavailable,
+)
 from dask_lcicomm.providers.send_queue import Raw
 
 #: How long a closing link waits for the peer's end before it is closed hard.
 LINGER = 10.0
-
-
-class NotAnLCIPeer(FatalCommClosedError):
-    """The peer answered in another protocol: retrying cannot help."""
 
 
 class Listening:

@@ -10,7 +10,7 @@ import os
 import socket
 
 import pytest
-from fabric_support import MemoryFabric, fabric_devices, install_memory_provider
+from fabric_support import ListeningTcpFabric, MemoryFabric, fabric_devices, install_memory_provider
 from ofi_support import ofi_devices
 from ucx_support import ucx_devices
 
@@ -21,7 +21,6 @@ from dask_lcicomm.providers.base import DeviceOptions
 from dask_lcicomm.providers.shm import ShmDevice
 from dask_lcicomm.providers.shm_handshake import ShmLink
 from dask_lcicomm.providers.shm_release import releaser
-from dask_lcicomm.providers.tcp import TcpDevice
 
 #: The in-process message fabric is a provider every test may name.
 install_memory_provider()
@@ -53,8 +52,6 @@ class Endpoint:
                 releaser(release_after) if release_after else None,
                 device_kwargs.pop("budget", None), device_kwargs.pop("rendezvous_bytes", 0),
             )
-        elif transport is not None:
-            self.device = TcpDevice(transport, options)
         assert not device_kwargs, f"unknown device options {device_kwargs}"
         if transport is not None:
             self.engine.add(self.device)
@@ -95,6 +92,16 @@ _FABRIC_DEVICES = {
 }
 
 
+def _fabric_devices(provider, loop, ends, sndbuf):
+    if provider != "tcp":
+        return _FABRIC_DEVICES[provider](loop, ends)
+    devices = fabric_devices(loop, ends, "tcp", lambda loop, engine: ListeningTcpFabric(loop, engine, sndbuf))
+    if sndbuf:
+        for device in devices:
+            device._peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    return devices
+
+
 @pytest.fixture
 def endpoint_pair():
     """``with endpoint_pair(mode, **kwargs) as (a, b)``: two connected endpoints."""
@@ -104,31 +111,26 @@ def endpoint_pair():
         """With ``provider="shm"``, ``sndbuf`` is the ring size and large
         frames go through the ring unless a ``pool`` is given explicitly (or
         are read from the sender from ``rendezvous_bytes`` on);
-        with a message fabric (``"ucx"``, ``"ofi"``, ``"memory"``) it has no effect."""
+        with ``"tcp"`` it is each socket's send and receive buffer; with
+        another message fabric (``"ucx"``, ``"ofi"``, ``"memory"``) it has no
+        effect."""
         loop = asyncio.get_running_loop()
+        socks = []
+        transports = [None, None]
         if provider == "shm":
             socks = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        else:
-            socks = socket.socketpair()
-        for s in socks:
-            s.setblocking(False)
-            if sndbuf and provider == "tcp":
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sndbuf)
-        transports = list(socks)
-        if provider == "shm":
+            for s in socks:
+                s.setblocking(False)
             if pool is None:
                 pool = 0 if sndbuf else 64 << 20
             transports = shm_links(socks, shm_segment.Layout(sndbuf or 1 << 20, pool, 64),
                                    reads=bool(kwargs.get("rendezvous_bytes")))
-        elif provider in _FABRIC_DEVICES:
-            transports = [None, None]
         made = []
         try:
             for transport in transports:
                 made.append(Endpoint(loop, transport, mode, **kwargs))
-            if provider in _FABRIC_DEVICES:
-                devices = _FABRIC_DEVICES[provider](loop, made)
+            if provider != "shm":
+                devices = _fabric_devices(provider, loop, made, sndbuf)
                 for end, device in zip(made, devices, strict=True):
                     end.attach(device)
             yield made

@@ -24,6 +24,7 @@ import importlib.machinery
 import itertools
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -38,7 +39,9 @@ from dask_lcicomm.providers.base import DeviceLost
 from dask_lcicomm.providers.message_device import MessageDevice
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_provider import MessageProvider
+from dask_lcicomm.providers.message_routes import Listener
 from dask_lcicomm.providers.message_tags import tag
+from dask_lcicomm.providers.tcp_fabric import TcpFabric
 
 #: Messages up to this size complete at their sender at once.
 EAGER_BYTES = 8192
@@ -265,6 +268,28 @@ def fabric_devices(loop, ends, name: str, make: Callable[..., MessageFabric]) ->
             ))
     devices[0]._peer_route, devices[1]._peer_route = devices[1].route, devices[0].route
     return devices
+
+
+class ListeningTcpFabric(TcpFabric):
+    """A tcp fabric endpoint listening on loopback, reached by its address
+    (``open_peer``). Its listener makes no devices (hellos to it are
+    dropped): devices are welcomed by hand, so the connections it accepts
+    are kept without one. ``rcvbuf``: the receive buffer of each."""
+
+    def __init__(self, loop, engine, rcvbuf: int | None = None) -> None:
+        super().__init__(loop, engine)
+        _, (host, port) = self.bind_listener(Listener(_no_device, _no_device), "127.0.0.1", 0)
+        self.address = f"{host}:{port}"
+        if rcvbuf:
+            for sock, _ in self._listening.values():
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+
+    def _expire(self, connection: Any) -> None:
+        pass
+
+
+def _no_device(*args: Any) -> Any:
+    raise ValueError("no listener here")
 
 
 def lost(events):

@@ -44,9 +44,10 @@ import numpy as np
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
 from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, dead_after
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
-from dask_lcicomm.providers.message_fabric import MessageFabric, RoutedDevice
+from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_inbox import Inbox
 from dask_lcicomm.providers.message_rendezvous import Loans, read_message
+from dask_lcicomm.providers.message_routes import RoutedDevice
 from dask_lcicomm.providers.message_tags import (
     BULK,
     CONTROL,
@@ -310,20 +311,30 @@ class MessageDevice(RoutedDevice):
         return tokens
 
     def _transmit(self, buffers: deque[Any]) -> int:
+        """Post ``buffers`` as stream messages of up to a send batch each,
+        while the bytes in flight allow: a fabric that finishes a send at
+        once (a socket that took it) leaves nothing to come back for."""
         if self._failed is not None:
             raise ConnectionResetError(self._failed)
-        taken = []
         n = 0
-        for buffer in buffers:
-            taken.append(buffer)
-            n += memoryview(buffer).nbytes
-            if n >= self._batch_bytes:
-                break
+        batch: list[Any] = []
+        batch_bytes = 0
         with self._fabric.lock:
             self._reap_sends()
-            if self._inflight_bytes >= self._max_inflight:
-                raise BlockingIOError
-            self._post(b"".join(taken), STREAM, self._prompt_sent, n, None)
+            for buffer in buffers:
+                if self._inflight_bytes >= self._max_inflight:
+                    break
+                batch.append(buffer)
+                batch_bytes += memoryview(buffer).nbytes
+                if batch_bytes >= self._batch_bytes:
+                    self._post(b"".join(batch), STREAM, self._prompt_sent, batch_bytes, None)
+                    n += batch_bytes
+                    batch, batch_bytes = [], 0
+            if batch and self._inflight_bytes < self._max_inflight:
+                self._post(b"".join(batch), STREAM, self._prompt_sent, batch_bytes, None)
+                n += batch_bytes
+        if not n:
+            raise BlockingIOError
         return n
 
     def _reap_sends(self) -> bool:

@@ -29,7 +29,6 @@ import time
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 
 from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers.base import Device, Progress, SharedSource, connect_timeout
+from dask_lcicomm.providers.message_routes import Answer, Listener, RoutedDevice
 from dask_lcicomm.providers.message_tags import CONTROL, NUMBER_BITS, NUMBER_MASK
 from dask_lcicomm.providers.message_verbs import Request, Rma
 
@@ -53,53 +53,6 @@ _RETIRE_S = 10.0
 #: answers "retry" while its connection thread, which needs the endpoint's
 #: lock, connects, and retrying at once kept that thread out until timeout.
 _RETRY_S = 0.001
-
-
-class RoutedDevice(Device):
-    """A device of the shared fabric: what the fabric asks of it. The fabric
-    calls these under its lock."""
-
-    route: int
-
-    @abstractmethod
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
-        """Receive ``message`` (a handle from :meth:`MessageFabric.take`), or
-        raise ``ProtocolError`` before receiving anything."""
-
-    @abstractmethod
-    def reap(self) -> bool:
-        """Take what the fabric completed; True when the device has news."""
-
-    @property
-    @abstractmethod
-    def busy(self) -> bool:
-        """Whether the fabric has work of this device under way."""
-
-    @abstractmethod
-    def violated(self, reason: str) -> None:
-        """The peer broke the protocol; the device is to be lost."""
-
-    @abstractmethod
-    def peer_failed(self) -> None:
-        """The fabric reports the peer unreachable."""
-
-    @abstractmethod
-    def welcome(self) -> None:
-        """Answer the peer's hello with this device's route."""
-
-    @property
-    @abstractmethod
-    def unposted(self) -> bool:
-        """Whether the fabric answered "retry" to a message not yet posted."""
-
-
-@dataclass(frozen=True)
-class Listener:
-    """A listener's part of the fabric: how it makes and hands over devices."""
-
-    #: ``make(peer, peer_route, local_address, peer_address)``.
-    make: Callable[[Any, int, str, str], RoutedDevice]
-    accepted: Callable[[Device], None]
 
 
 class MessageFabric(SharedSource):
@@ -124,7 +77,7 @@ class MessageFabric(SharedSource):
         self._routes: dict[int, RoutedDevice] = {}
         self._listeners: dict[int, Listener] = {}
         self._listener_ids = count(1)
-        self._hellos: deque[tuple[Request, np.ndarray]] = deque()
+        self._hellos: deque[tuple[Request, np.ndarray, Any]] = deque()
         #: Requests whose owner is gone, kept with their buffers until done.
         self._orphans: list[tuple[Request, Any]] = []
         #: Peer handles of closed devices, until their sends are done (or overdue).
@@ -145,6 +98,14 @@ class MessageFabric(SharedSource):
     def open_peer(self, address: str) -> Any:
         """A handle for the endpoint at ``address``; the fabric's setup
         errors (:meth:`setup_errors`) when it cannot be reached."""
+
+    def answering(self, message: Any, hello: dict[str, Any]) -> tuple[Any, Callable[[], Answer]]:
+        """The listener a HELLO (taken as ``message``) asks for, and how to
+        reach its sender: by default as the hello says, opening a handle by
+        the sender's address. A fabric of connections answers over the one
+        the hello came by."""
+        return hello["listener"], lambda: (
+            self.open_peer(str(hello["address"])), str(hello["peer"]), str(hello["local"]))
 
     @abstractmethod
     def watch_peer(self, peer: Any, failed: Callable[[], None]) -> None:
@@ -348,10 +309,10 @@ class MessageFabric(SharedSource):
         # What a malformed or unanswerable HELLO raises: it is ignored.
         ignored: tuple[type[BaseException], ...] = (KeyError, TypeError, *self.setup_errors())
         while self._hellos and self._hellos[0][0].completed:
-            request, buffer = self._hellos.popleft()
+            request, buffer, message = self._hellos.popleft()
             try:
                 request.check_error()
-                self._welcome(json.loads(buffer.tobytes()))
+                self._welcome(json.loads(buffer.tobytes()), message)
             except ignored as e:
                 logger.info("ignoring a %s hello: %s: %s", self.provider, type(e).__name__, e)
 
@@ -397,22 +358,23 @@ class MessageFabric(SharedSource):
             self._drop(nbytes, message)
             return
         buffer = np.empty(nbytes, np.uint8)
-        self._hellos.append((self.receive(message, buffer), buffer))
+        self._hellos.append((self.receive(message, buffer), buffer, message))
 
-    def _welcome(self, hello: dict[str, Any]) -> None:
+    def _welcome(self, hello: dict[str, Any], message: Any) -> None:
         """Make the device a HELLO asks for and answer (under the lock)."""
-        listener = self._listeners.get(hello["listener"])
+        number, answer = self.answering(message, hello)
+        listener = self._listeners.get(number)
         route = hello["route"]
         if listener is None or not (isinstance(route, int) and 0 < route < 1 << 32):
-            raise ValueError(f"no listener {hello['listener']!r} or a bad route {route!r}")
+            raise ValueError(f"no listener {number!r} or a bad route {route!r}")
         if not self._progress.hold(self):
             raise ValueError(f"the {self.provider} fabric is closing")
         try:
-            peer = self.open_peer(str(hello["address"]))
+            peer, local, remote = answer()
         except BaseException:
             self._loop.call_soon_threadsafe(self.drop)
             raise
-        device = listener.make(peer, route, str(hello["peer"]), str(hello["local"]))
+        device = listener.make(peer, route, local, remote)
         device.welcome()
         self._loop.call_soon_threadsafe(self._hand_over, listener, device)
 

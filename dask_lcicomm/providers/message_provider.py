@@ -18,7 +18,8 @@ from typing import Any
 from dask_lcicomm.config import Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions, Progress, connect_timeout
 from dask_lcicomm.providers.message_device import MessageDevice
-from dask_lcicomm.providers.message_fabric import Listener, MessageFabric
+from dask_lcicomm.providers.message_fabric import MessageFabric
+from dask_lcicomm.providers.message_routes import Listener
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
 
 
@@ -51,6 +52,14 @@ class MessageProvider(Provider):
         assert isinstance(fabric, MessageFabric)
         return fabric
 
+    def maker(self, fabric: MessageFabric, options: DeviceOptions) -> Callable[..., MessageDevice]:
+        """How ``fabric`` makes the devices a listener accepts."""
+
+        def make(peer: Any, peer_route: int, local: str, peer_address: str) -> MessageDevice:
+            return MessageDevice(fabric, peer, peer_route, options, local, peer_address)
+
+        return make
+
     def listen(
         self,
         host: str | None,
@@ -60,11 +69,7 @@ class MessageProvider(Provider):
         accepted: Callable[[Device], None],
     ) -> Offering:
         fabric = self._fabric(options)
-
-        def make(peer: Any, peer_route: int, local: str, peer_address: str) -> MessageDevice:
-            return MessageDevice(fabric, peer, peer_route, options, local, peer_address)
-
-        number = fabric.listen(Listener(make, accepted))
+        number = fabric.listen(Listener(self.maker(fabric, options), accepted))
 
         def close() -> None:
             fabric.stop_listening(number)
@@ -78,20 +83,39 @@ class MessageProvider(Provider):
                 and isinstance(offer[1], int)):
             raise ProviderUnavailable(f"malformed {self.name} offer {offer!r}")
         address, listener = offer
+        return await self.hello(options, lambda fabric: fabric.open_peer(address), listener,
+                                peer.local_address, peer.peer_address)
+
+    async def hello(
+        self,
+        options: DeviceOptions,
+        open_peer: Callable[[MessageFabric], Any],
+        listener: int,
+        local: str,
+        remote: str,
+        on_failure: Callable[[], None] | None = None,
+    ) -> Device:
+        """A device to the peer that ``open_peer`` gives a handle for, once
+        the peer's listener numbered ``listener`` welcomed it; what the
+        handle was made of is given up by ``on_failure`` if none was made."""
         fabric = self._fabric(options)
         loop = asyncio.get_running_loop()
         welcomed: asyncio.Future[None] = loop.create_future()
-        device = None
+        handle = device = None
         try:
             with fabric.lock:
-                handle = fabric.open_peer(address)
-                device = MessageDevice(fabric, handle, 0, options, peer.local_address,
-                                       peer.peer_address)
+                handle = open_peer(fabric)
+                device = MessageDevice(fabric, handle, 0, options, local, remote)
                 device.on_welcome = functools.partial(_settle_soon, loop, welcomed)
                 device.hello(listener)
         except BaseException as e:
             # Not under the lock: letting go of the fabric may release it.
             if device is None:
+                if handle is not None:
+                    with fabric.lock:
+                        fabric.close_peer(handle)
+                elif on_failure is not None:
+                    on_failure()
                 fabric.drop()
             else:
                 device.abandon()

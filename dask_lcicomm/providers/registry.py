@@ -27,12 +27,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from distributed.comm.core import FatalCommClosedError
+
 from dask_lcicomm.config import Section, Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions
 
 logger = logging.getLogger(__name__)
 
 BOOTSTRAP = "tcp"
+
+
+class NotAnLCIPeer(FatalCommClosedError):
+    """The peer answered in another protocol: retrying cannot help."""
 
 
 class ProviderUnavailable(ConnectionError):

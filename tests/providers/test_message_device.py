@@ -21,7 +21,7 @@ from dask_lcicomm.providers.base import SendDone
 from dask_lcicomm.providers.message_rendezvous import read_message
 
 #: The message fabrics; "memory" is one inside the process (tests/fabric_support.py).
-FABRICS = ["memory", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
+FABRICS = ["memory", "tcp", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
 #: Those with RMA.
 READING_FABRICS = ["memory", needs_ofi("ofi", id="ofi")]
 

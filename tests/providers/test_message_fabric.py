@@ -18,7 +18,7 @@ from dask_lcicomm.parcel import Message, OutgoingParcel
 from dask_lcicomm.providers.message_tags import CONTROL, STREAM
 
 #: The message fabrics; "memory" is one inside the process (tests/fabric_support.py).
-FABRICS = ["memory", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
+FABRICS = ["memory", "tcp", needs_ucx("ucx", id="ucx"), needs_ofi("ofi", id="ofi")]
 
 
 @contextlib.contextmanager

@@ -1,5 +1,7 @@
-"""Connecting over TCP: an attempt nobody answers is retried on a fresh
-socket, a refusal is final, and no socket is left behind."""
+"""Connecting over TCP, as the tcp provider connects
+(:func:`~dask_lcicomm.providers.sockets.open_connection`): an attempt nobody
+answers is retried on a fresh socket, a refusal is final, and no socket is
+left behind."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 
 import pytest
 
-from dask_lcicomm.providers import tcp
+from dask_lcicomm.providers import sockets
 
 
 def _fds() -> int:
@@ -47,13 +49,13 @@ def test_an_unanswered_attempt_is_retried_on_a_fresh_socket(monkeypatch, listene
         tried = _unanswered(monkeypatch, first=1)
         before = _fds()
         start = time.monotonic()
-        sock = await tcp.open_connection(*listener, timeout=10)
+        sock = await sockets.open_connection(*listener, timeout=10)
         took = time.monotonic() - start
         sock.close()
         return tried, took, _fds() - before
 
     tried, took, leaked = asyncio.run(main())
-    assert len(tried) == 2 and tcp.FIRST_ATTEMPT_S <= took < tcp.FIRST_ATTEMPT_S + 2
+    assert len(tried) == 2 and sockets.FIRST_ATTEMPT_S <= took < sockets.FIRST_ATTEMPT_S + 2
     assert leaked == 0
 
 
@@ -63,7 +65,7 @@ def test_nobody_answering_is_a_timeout_at_the_deadline_with_every_socket_closed(
         before = _fds()
         start = time.monotonic()
         with pytest.raises(TimeoutError, match="no answer"):
-            await tcp.open_connection(*listener, timeout=2.5)
+            await sockets.open_connection(*listener, timeout=2.5)
         return tried, time.monotonic() - start, _fds() - before
 
     tried, took, leaked = asyncio.run(main())
@@ -79,7 +81,7 @@ def test_a_refusal_is_final():
         probe.close()  # nobody listens there now
         start = time.monotonic()
         with pytest.raises(ConnectionRefusedError):
-            await tcp.open_connection(*address, timeout=10)
+            await sockets.open_connection(*address, timeout=10)
         return time.monotonic() - start
 
-    assert asyncio.run(main()) < tcp.FIRST_ATTEMPT_S
+    assert asyncio.run(main()) < sockets.FIRST_ATTEMPT_S
