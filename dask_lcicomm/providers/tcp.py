@@ -20,7 +20,8 @@ from dask_lcicomm.providers.message_provider import MessageProvider
 from dask_lcicomm.providers.message_routes import Listener
 from dask_lcicomm.providers.registry import NotAnLCIPeer, Offering, PeerOffer, ProviderUnavailable
 from dask_lcicomm.providers.sockets import address_of, open_connection
-from dask_lcicomm.providers.tcp_fabric import NotAnEndpoint, TcpFabric
+from dask_lcicomm.providers.tcp_connection import NotAnEndpoint
+from dask_lcicomm.providers.tcp_fabric import TcpFabric
 
 
 class TcpProvider(MessageProvider):
