@@ -1,7 +1,7 @@
 """Socket helpers of the providers: TCP sockets configured, connected and
-bound as the tcp fabric uses them; accepting on a listening socket from the
-event loop (shm's handshake socket); ending a socket's output whatever state
-it is in."""
+bound as the tcp fabric uses them; accepting what waits on a listening socket
+(the tcp fabric's, from its progress; shm's handshake socket, from the event
+loop); ending a socket's output whatever state it is in."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def shut_socket(sock: socket.socket, both: bool) -> None:
         pass
 
 
-def _accept_ready(
+def accept_ready(
     sock: socket.socket, adopt: Callable[[socket.socket], None], where: str
 ) -> None:
     """Accept the connections waiting on ``sock`` (a bounded batch)."""
@@ -154,7 +154,7 @@ def watch_accepts(
     returned function stops and closes it (as does a failure to start)."""
     loop = asyncio.get_running_loop()
     try:
-        loop.add_reader(sock.fileno(), _accept_ready, sock, adopt, where)
+        loop.add_reader(sock.fileno(), accept_ready, sock, adopt, where)
     except BaseException:
         sock.close()
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import select
 import socket
@@ -25,13 +26,10 @@ import numpy as np
 from dask_lcicomm.providers.base import Progress, connect_timeout
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_routes import Answer, Listener
-from dask_lcicomm.providers.sockets import address_of, bind, configure_socket
+from dask_lcicomm.providers.sockets import accept_ready, address_of, bind, configure_socket
 from dask_lcicomm.providers.tcp_connection import Connection, NotAnEndpoint, Request
 
 logger = logging.getLogger(__name__)
-
-#: Connections accepted per readable event of a listening socket.
-_ACCEPTS = 64
 
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
@@ -100,26 +98,20 @@ class TcpFabric(MessageFabric):
 
         return connection.listener, answer
 
-    def _accept(self, listening: socket.socket, number: int) -> None:
-        for _ in range(_ACCEPTS):
-            try:
-                sock, _ = listening.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                logger.warning("tcp fabric: accept failed: %s", e)
-                return
-            try:
-                configure_socket(sock)
-            except OSError as e:
-                logger.info("tcp fabric: dropping an accepted connection: %s", e)
-                sock.close()
-                continue
-            connection = Connection(sock, self._take)
-            connection.listener = number
-            # A peer that never says hello must not hold a socket forever.
-            self._loop.call_later(connect_timeout(), self._expire, connection)
-            self._add(connection, _IN)
+    def _accepted(self, sock: socket.socket, number: int, where: str) -> None:
+        try:
+            configure_socket(sock)
+        except OSError as e:
+            logger.info("tcp fabric: dropping a connection accepted by %s: %s", where, e)
+            sock.close()
+            return
+        connection = Connection(sock, self._take)
+        connection.listener = number
+        # A peer that never says hello must not hold a socket forever. (Progress
+        # may run on its own thread: the timer is set on the event loop's.)
+        self._loop.call_soon_threadsafe(self._loop.call_later, connect_timeout(), self._expire,
+                                        connection)
+        self._add(connection, _IN)
 
     def _expire(self, connection: Connection) -> None:
         with self.lock:
@@ -188,7 +180,9 @@ class TcpFabric(MessageFabric):
         for fd, events in self._epoll.poll(0):
             listening = self._listening.get(fd)
             if listening is not None:
-                self._accept(*listening)
+                sock, number = listening
+                where = address_of(sock.getsockname())
+                accept_ready(sock, functools.partial(self._accepted, number=number, where=where), where)
                 continue
             connection = self._connections.get(fd)
             if connection is None:

@@ -236,3 +236,28 @@ async def test_closing_a_connection_again_spares_the_one_that_reuses_its_descrip
             fabric._close(old, ConnectionResetError("read late"))
         assert fabric._connections.get(new.fd) is new
         assert new.error is None
+
+
+@gen_test(timeout=30)
+async def test_a_connection_accepted_by_a_progress_thread_still_expires():
+    """Progress may run on a thread of its own: the expiry timer is set on
+    the event loop's (asyncio's debug mode refuses it from another thread)."""
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "0.2s"}), \
+                _fabric() as (fabric, address):
+            silent = _raw_peer(address)
+
+            def poke():
+                with fabric.lock:
+                    fabric.poke()
+
+            deadline = time.monotonic() + 5
+            while not fabric._connections:
+                assert time.monotonic() < deadline, "never accepted"
+                await asyncio.to_thread(poke)
+            await _until(fabric, lambda: not fabric._connections)
+            silent.close()
+    finally:
+        loop.set_debug(False)
