@@ -1,17 +1,13 @@
 """A message device: one peer of a process's endpoint on a message fabric
 (:mod:`.message_fabric`), the same for every such fabric.
 
-A message is:
-
-* a *stream* message: bytes of the parcel stream (heads, eager frames, the
-  other control units), in order;
-* a *bulk* message: one bulk group of a parcel, written nowhere first. The
-  fabric sends a large one by its rendezvous protocol (an RDMA read by the
-  receiver on a real fabric), and the buffer it lands in becomes the frames
-  handed to Dask. Its tag numbers it; the parcel names that number (a PLACED
-  record, see :mod:`dask_lcicomm.parcel`);
-* a *control* message: the WELCOME that answers a hello, and the END of the
-  output, in stream order.
+The parcel stream (heads, eager frames, the other control units) goes as
+*stream* messages, in order; each bulk group of a parcel as a *bulk*
+message of its own, written nowhere first: the fabric sends a large one by
+its rendezvous protocol (an RDMA read by the receiver on a real fabric), and
+the buffer it lands in becomes the frames handed to Dask. The parcel names
+its groups by number (a PLACED record, see :mod:`dask_lcicomm.parcel`);
+:mod:`.message_tags` has the kinds.
 
 A parcel whose bulk groups are larger than a send batch joins the stream
 only once they have reached the peer: a writer's send completes when its
@@ -29,12 +25,10 @@ A peer that dies is reported by the fabric (:meth:`MessageDevice.peer_failed`).
 A fabric need not tell a peer that a handle closed while its process lives:
 an END behind everything sent says so, also when a device is closed abruptly.
 """
-
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +57,7 @@ from dask_lcicomm.providers.message_tags import (
     welcome_message,
 )
 from dask_lcicomm.providers.message_verbs import Request
+from dask_lcicomm.providers.retry_line import RetryLine
 from dask_lcicomm.providers.send_queue import Unit
 from dask_lcicomm.providers.sends_in_flight import SendsInFlight
 
@@ -113,10 +108,8 @@ class MessageDevice(RoutedDevice):
         self._end_after_sends = False
         self._inflight = SendsInFlight()
         self._inflight_bytes = 0
-        # Messages the fabric answered "retry" to, in order, and since when
-        # the first of them waits; whether the fabric ever took a send.
-        self._unposted: deque[tuple[Any, int, int, Held | None]] = deque()
-        self._unposted_since = 0.0
+        # Messages the fabric answered "retry" to; whether it ever took a send.
+        self._unposted = RetryLine()
         self._reached = False
         self._dead_after = dead_after()
         self._bulk_sent = 0
@@ -213,7 +206,6 @@ class MessageDevice(RoutedDevice):
             if request is not None:
                 self._posted(request, message, nbytes, held)
                 return
-            self._unposted_since = time.monotonic()
         self._unposted.append((message, value, nbytes, held))
         self._fabric.retry_later(self)
 
@@ -232,25 +224,21 @@ class MessageDevice(RoutedDevice):
         :attr:`~.MessageFabric.retry_limit`, is unreachable; once it took a
         send, "retry" may be a busy peer's backpressure, and only Dask's
         TCP timeout (:func:`~.base.dead_after`) without one makes it lost."""
-        unposted = self._unposted
         posted = False
-        while unposted:
-            message, value, nbytes, held = unposted[0]
-            request = self._fabric.send(self._peer, value, message)
-            if request is None:
-                waited = time.monotonic() - self._unposted_since
-                limit = self._dead_after if self._reached else self._fabric.retry_limit
-                if waited > limit and self._failed is None:
-                    why = "it is gone" if self._reached else "it cannot reach it"
-                    self._unreachable(f"the {self.provider} fabric took no send to the peer "
-                                      f"for {waited:.1f} s: {why}")
-                    return True
-                return posted
-            unposted.popleft()
-            self._unposted_since = time.monotonic()
+        for request, (message, _, nbytes, held) in self._unposted.post(self._send_to_peer):
             self._posted(request, message, nbytes, held)
             posted = True
+        waited = self._unposted.waited if self._unposted else 0.0
+        limit = self._dead_after if self._reached else self._fabric.retry_limit
+        if waited > limit and self._failed is None:
+            why = "it is gone" if self._reached else "it cannot reach it"
+            self._unreachable(f"the {self.provider} fabric took no send to the peer "
+                              f"for {waited:.1f} s: {why}")
+            return True
         return posted
+
+    def _send_to_peer(self, value: int, message: Any) -> Request | None:
+        return self._fabric.send(self._peer, value, message)
 
     @property
     def unposted(self) -> bool:
@@ -321,18 +309,16 @@ class MessageDevice(RoutedDevice):
         batch_bytes = 0
         with self._fabric.lock:
             self._reap_sends()
-            for buffer in buffers:
+            last = len(buffers) - 1
+            for i, buffer in enumerate(buffers):
                 if self._inflight_bytes >= self._max_inflight:
                     break
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
-                if batch_bytes >= self._batch_bytes:
+                if batch_bytes >= self._batch_bytes or i == last:
                     self._post(b"".join(batch), STREAM, self._prompt_sent, batch_bytes, None)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
-            if batch and self._inflight_bytes < self._max_inflight:
-                self._post(b"".join(batch), STREAM, self._prompt_sent, batch_bytes, None)
-                n += batch_bytes
         if not n:
             raise BlockingIOError
         return n
