@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from benchmarks import _runner
 from benchmarks._contenders import Configuration
 from benchmarks._sampler import Sampler
 from benchmarks.comm import variant
-from benchmarks.peer_cost import MiB, chosen, in_child, proc_bytes
+from benchmarks.peer_cost import MiB, in_child, proc_bytes
 from benchmarks.report import markdown_table
 
 CONFIGS = {c.label: c for c in (
@@ -110,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=16_000_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--memory-limits", choices=("off", "default"), default="off")
-    parser.add_argument("--configs", default="tcp,lci,lci-keep")
+    parser.add_argument("--configs", type=_runner.subset(CONFIGS), default=["tcp", "lci", "lci-keep"])
     parser.add_argument("--timeout", type=float, default=900.0, help="per configuration, s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    configs = chosen(parser, args.configs, CONFIGS)
+    configs = [CONFIGS[name] for name in args.configs]
     results: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
     for index in range(args.rounds):
         for c in _runner.rotated(configs, index):
@@ -123,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                                              args.memory_limits, timeout_s=args.timeout))
     print(_table(results))
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        args.json.write_text(json.dumps({"args": settings, "results": results}, indent=1))
+        settings = {k: v for k, v in vars(args).items() if k != "json"} | {"configs": ",".join(args.configs)}
+        _runner.write_json(args.json, {"args": settings, "results": results}, 1)
     return 0
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
-import json
 import logging
 import math
 import os
@@ -27,7 +26,16 @@ import psutil
 from distributed import Client, LocalCluster
 
 from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
-from benchmarks._runner import align, csv, environment_facts, one_line, progress, rotated
+from benchmarks._runner import (
+    align,
+    csv,
+    environment_facts,
+    one_line,
+    positive,
+    progress,
+    rotated,
+    write_json,
+)
 from benchmarks._sampler import Sampler
 from benchmarks._testbed import testbed
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
@@ -283,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--schemes", type=csv, default=list(SCHEMES),
         help=f"default: {','.join(SCHEMES)}; one not installed is left out")
     add("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
-    add("--rounds", type=int, help="default: 3, or 1 with --quick")
+    add("--rounds", type=positive, help="default: 3, or 1 with --quick")
     add("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
-    add("--repeat", type=int, default=1,
+    add("--repeat", type=positive, default=1,
         help="timed runs of each workload per cluster, default 1; the runs after the first are warm")
     add("--json", type=Path, metavar="OUT", help="write the records to OUT, again after each round")
     args = parser.parse_args(argv)
@@ -293,8 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = args.settings or (["local-2"] if args.quick else list(_SETTING))
     if unknown := [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]:
         parser.error(f"unknown workloads or settings: {unknown}")
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
     settings = [_SETTING[s] for s in chosen]
     if any(s.per_host for s in settings) and (why := unavailable()) is not None:
         progress(f"simulated hosts left out: {why}")
@@ -315,8 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data.update(complete=complete, seconds=round(time.monotonic() - started),
                     medians=medians(data["records"]))
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(data, indent=1) + "\n")
+            write_json(args.json, data, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
         for setting, round_index in itertools.product(settings, range(rounds)):
