@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from benchmarks import _floor_comm  # noqa: F401  (registers floor://)
-from benchmarks._procs import ignore_sigint, send_quietly
 
 SERIALIZERS = ("dask", "pickle")
 
@@ -70,11 +68,7 @@ RunSpecs = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, N
 
 def server_main(conn: Connection, scheme: str) -> None:
     """Echo/sink server until the parent closes the pipe (or sends anything)."""
-    ignore_sigint()
-    try:
-        asyncio.run(_serve(conn, scheme))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    asyncio.run(_serve(conn, scheme))
 
 
 async def _serve(conn: Connection, scheme: str) -> None:
@@ -116,7 +110,6 @@ async def _handle_comm(comm: Any) -> None:
 def client_main(conn: Connection, run_specs: RunSpecs | None = None) -> None:
     """Wait for the :class:`Server` and the specs, then run them on a fresh loop: by default,
     answering ``("result", name, Measurement)`` or ``("failed", name, reason)`` to each in order."""
-    ignore_sigint()
     try:
         server, specs = conn.recv()
     except (EOFError, OSError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import psutil
 
 from benchmarks import _runner
 from benchmarks._contenders import Configuration
-from benchmarks._sampler import Sampler
+from benchmarks._sampler import Sampler, pss
 from benchmarks.comm import variant
 from benchmarks.peer_cost import MiB, in_child, proc_bytes
 from benchmarks.report import markdown_table
@@ -29,14 +28,6 @@ _AFTER, _RELEASED = f"{AFTER_S:.0f} s after", f"{AFTER_S:.0f} s after the input 
 _MIB_ROWS = {"peak_shmem": "Shmem at the peak", "after_shmem": f"Shmem {_AFTER}",
              "peak_pss": "summed PSS at the peak", "after_pss": f"summed PSS {_AFTER}",
              "released_shmem": f"Shmem {_RELEASED}", "released_pss": f"summed PSS {_RELEASED}"}
-
-
-def _summed_pss() -> int:
-    me, total = psutil.Process(), 0
-    for process in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):  # gone between listing and reading
-            total += process.memory_full_info().pss
-    return total
 
 
 def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]:
@@ -61,7 +52,9 @@ def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]
         client.wait_for_workers(workers)
         len(df)
         del frame
-        with Sampler(lambda: (proc_bytes("/proc/meminfo", "Shmem:"), _summed_pss()), SAMPLE_S) as sampler:
+        me = psutil.Process()  # the driver, and every process under it
+        with Sampler(lambda: (proc_bytes("/proc/meminfo", "Shmem:"),
+                              pss(p.pid for p in [me, *me.children(recursive=True)])), SAMPLE_S) as sampler:
             time.sleep(1.0)
             start = time.monotonic()
             shuffled = len(df.shuffle("k", shuffle_method="p2p").persist())

@@ -8,7 +8,6 @@ import contextlib
 import gc
 import inspect
 import os
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -20,7 +19,7 @@ from distributed.comm.core import CommClosedError
 from benchmarks import _runner
 from benchmarks._comm_peers import check_provider, server_main
 from benchmarks._contenders import Configuration, probe
-from benchmarks._procs import expect, ignore_sigint, send_quietly, spawned
+from benchmarks._procs import expect, spawned
 from benchmarks.comm import OFI, OFI_MODULE, variant
 from benchmarks.report import markdown_table
 
@@ -48,17 +47,11 @@ def in_child(c: Configuration, work: Callable[..., Any], *args: Any, timeout_s: 
 
 
 def _answer(conn: Connection, work: Callable[..., Any], *args: Any) -> None:
-    ignore_sigint()
-    try:
-        conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work)
-                   else work(*args)))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work) else work(*args)))
 
 
 def _serve(conn: Connection, scheme: str, count: int) -> None:
     """Child: ``count`` listeners, each echoing one message, until the parent closes the pipe."""
-    ignore_sigint()
     asyncio.run(_listen(conn, scheme, count))
 
 
