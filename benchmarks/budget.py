@@ -325,6 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=_runner.subset(sizes), metavar="SIZES", help=f"of: {','.join(sizes)}")
     args = p.parse_args(argv)
     chosen = [CONFIGURATIONS[labels.index(n)] for n in args.configs or labels]
-    data = measure(chosen, [sizes[n] for n in args.sizes or sizes], args.rounds or _ROUNDS[not args.quick],
-                   args.quick)
+    rounds = args.rounds or _ROUNDS[not args.quick]
+    data = measure(chosen, [sizes[n] for n in args.sizes or sizes], rounds, args.quick)
     return _runner.finish(args, format_table(data), data)

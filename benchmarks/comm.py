@@ -242,8 +242,8 @@ def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
     names = VARIANTS if is_variants else (*DEFAULT_NAMES, *VARIANTS)
     p = _runner.parser(command, __doc__.splitlines()[0], BENCHMARK_NAMES, "5, quick: 1")
     flag = "--variants" if is_variants else "--schemes"
-    p.add_argument(flag, dest="names", type=_runner.subset(VARIANTS) if is_variants else _runner.csv,
-                   metavar="NAMES",
+    p.add_argument(flag, dest="names", metavar="NAMES",
+                   type=_runner.subset(VARIANTS) if is_variants else _runner.csv,
                    help=f"comma-separated, of: {','.join(names)}; or any scheme")
     args = p.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
