@@ -1,12 +1,10 @@
-"""A ``LocalCluster`` and its ``Client`` in a child process that answers the parent's
-requests (``dask`` runs graphs on it), and the ``idle`` benchmark: that process tree's CPU
-time while nothing happens, since a comm that wins by polling costs every other job."""
+"""A ``LocalCluster`` and its ``Client`` in a child process that answers the parent's requests
+(``dask`` runs graphs on it), and the ``idle`` benchmark: that process tree's idle CPU time."""
 
 from __future__ import annotations
 
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -16,7 +14,7 @@ import psutil
 
 from benchmarks._comm_peers import Measurement
 from benchmarks._contenders import STARTUP_TIMEOUT_S, Configuration
-from benchmarks._procs import Peer, PeerError, expect, ignore_sigint, send_quietly, spawned
+from benchmarks._procs import Peer, PeerError, expect, spawned
 
 N_WORKERS = 2
 
@@ -27,26 +25,22 @@ Answer = Callable[[Any, Any], Any]  # answer(client, request): what the child se
 
 
 def cluster_main(conn: Connection, scheme: str, answer: Answer) -> None:
-    """Child: ``("ready", workers)``, one answer per request until EOF, or ``("failed", tb)``."""
+    """Child: ``("ready", workers)``, then one answer per request until EOF."""
     from distributed import Client, LocalCluster
 
-    ignore_sigint()
     kind = {"processes": False} if scheme == INPROC else {"protocol": scheme, "processes": True}
-    try:
-        with (LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, dashboard_address=":0",
-                           **kind) as cluster, Client(cluster) as client):
-            client.wait_for_workers(N_WORKERS, timeout=STARTUP_TIMEOUT_S / 2)
-            if scheme != INPROC:
-                _check_same_backend(client, scheme)
-            conn.send(("ready", workers(client)))
-            while True:
-                try:
-                    request = conn.recv()  # idle: blocks, no CPU
-                except (EOFError, OSError):
-                    return
-                conn.send(answer(client, request))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    with (LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, dashboard_address=":0",
+                       **kind) as cluster, Client(cluster) as client):
+        client.wait_for_workers(N_WORKERS, timeout=STARTUP_TIMEOUT_S / 2)
+        if scheme != INPROC:
+            _check_same_backend(client, scheme)
+        conn.send(("ready", workers(client)))
+        while True:
+            try:
+                request = conn.recv()  # idle: blocks, no CPU
+            except (EOFError, OSError):
+                return
+            conn.send(answer(client, request))
 
 
 def backend_file(scheme: str) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
 from benchmarks import _floor_comm  # noqa: F401  (registers floor://)
-from benchmarks._procs import ignore_sigint, send_quietly
 
 SERIALIZERS = ("dask", "pickle")
 
@@ -65,13 +63,12 @@ class Measurement:
     cpu_seconds: float | None = None
 
 
+RunSpecs = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, None]]
+
+
 def server_main(conn: Connection, scheme: str) -> None:
     """Echo/sink server until the parent closes the pipe (or sends anything)."""
-    ignore_sigint()
-    try:
-        asyncio.run(_serve(conn, scheme))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    asyncio.run(_serve(conn, scheme))
 
 
 async def _serve(conn: Connection, scheme: str) -> None:
@@ -110,21 +107,14 @@ async def _handle_comm(comm: Any) -> None:
         await _close(comm)
 
 
-def client_main(conn: Connection) -> None:
-    """Answer ``("result", name, Measurement)`` or ``("failed", name, reason)`` for each
-    benchmark the parent sends, in order."""
-    run_client(conn, _run_specs)
-
-
-def run_client(conn: Connection, run_specs: Callable[[Connection, Server, list[BenchSpec]],
-                                                    Coroutine[Any, Any, None]]) -> None:
-    """Wait for the :class:`Server` and the specs; run them on a fresh loop."""
-    ignore_sigint()
+def client_main(conn: Connection, run_specs: RunSpecs | None = None) -> None:
+    """Wait for the :class:`Server` and the specs, then run them on a fresh loop: by default,
+    answering ``("result", name, Measurement)`` or ``("failed", name, reason)`` to each in order."""
     try:
         server, specs = conn.recv()
     except (EOFError, OSError):
         return  # the parent gave up before sending work
-    asyncio.run(run_specs(conn, server, specs))
+    asyncio.run((run_specs or _run_specs)(conn, server, specs))
 
 
 async def _run_specs(conn: Connection, server: Server, specs: list[BenchSpec]) -> None:
@@ -199,17 +189,6 @@ async def ping(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) 
     return done
 
 
-async def warm_up(comm: Any, msg: dict[str, Any], rounds: int) -> None:
-    """Untimed round trips, so lazy setup (buffers, registration) is not timed."""
-    await ping(comm, msg, rounds, math.inf)
-
-
-async def timed_pings(comm: Any, msg: dict[str, Any], spec: BenchSpec) -> Measurement:
-    start = perf_counter()
-    count = await ping(comm, msg, spec.max_count, start + spec.duration_s)
-    return Measurement(count, perf_counter() - start)
-
-
 async def _flood_one(comm: Any, msg: dict[str, Any], max_count: int, deadline: float) -> int:
     """Bounded one-way writes, counted once the server confirmed them all (not buffered)."""
     sent = 0
@@ -234,8 +213,8 @@ async def measure(server: Server, spec: BenchSpec) -> Measurement:
     op, loop = KERNELS[spec.kind]
     payload = make_payload(spec.payload_bytes)
     async with connected_many(server, spec.comms) as comms:
-        warm = make_message("ping", payload)
-        await asyncio.gather(*(warm_up(c, warm, spec.warmup) for c in comms))
+        warm = make_message("ping", payload)  # untimed: lazy setup (buffers, registration) is not timed
+        await asyncio.gather(*(ping(c, warm, spec.warmup, math.inf) for c in comms))
         msg = make_message(op, payload)
         start = perf_counter()
         deadline = start + spec.duration_s

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ def spawned(target: Callable[..., None], *args: Any, name: str, daemon: bool = T
     ``pythonpath`` first (``daemon=False`` if it starts processes); on exit the pipe closes
     (EOF: "stop"), then it and its descendants are stopped, ever more forcefully."""
     parent_conn, child_conn = _CTX.Pipe()
-    process = _CTX.Process(target=_with_dask_config, name=name, daemon=daemon,
+    process = _CTX.Process(target=_child, name=name, daemon=daemon,
                            args=(dict(dask_config or {}), target, child_conn, *args))
     with _modules_first_from(pythonpath):
         process.start()
@@ -86,44 +87,49 @@ def _modules_first_from(path: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = saved_env
 
 
-def _with_dask_config(overrides: dict[str, Any], target: Callable[..., None], conn: Connection,
-                      *args: Any) -> None:
-    """Not ``DASK_*`` variables: Dask reads those before a backend registers its defaults
-    (``eager-threshold`` would arrive as ``eager_threshold``).  Nannies pass them on."""
-    if overrides:
-        import dask.config
+def _child(overrides: dict[str, Any], target: Callable[..., None], conn: Connection, *args: Any) -> None:
+    """Every child: Ctrl-C is left to the parent, which stops the children itself; a crash is
+    sent as ``("failed", traceback)``.  Dask settings are set here, not as ``DASK_*`` variables:
+    Dask reads those before a backend registers its defaults (``eager-threshold`` would arrive
+    as ``eager_threshold``).  Nannies pass them on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if overrides:
+            import dask.config
 
-        dask.config.set(overrides)
-    target(conn, *args)
+            dask.config.set(overrides)
+        target(conn, *args)
+    except Exception:
+        send_quietly(conn, ("failed", traceback.format_exc()))
 
 
 def report_origin(conn: Connection, module: str) -> None:
     """Child: where this process found ``module``."""
-    try:
-        send_quietly(conn, ("origin", importlib.import_module(module).__file__))
-    except Exception as exc:
-        send_quietly(conn, ("failed", f"{type(exc).__name__}: {exc}"))
+    conn.send(("origin", importlib.import_module(module).__file__))
 
 
 def receive(peer: Peer, timeout_s: float) -> Any:
-    """The peer's next message; a :class:`PeerError` if it hangs or dies."""
+    """The peer's next message; a :class:`PeerError` if it hangs, dies or reports a crash
+    (``("failed", traceback)``: its last line)."""
     try:
         if not peer.conn.poll(max(timeout_s, 0.0)):
             raise PeerError(f"{peer.process.name}: no answer within {timeout_s:.0f} s")
-        return peer.conn.recv()
+        message = peer.conn.recv()
     except (EOFError, OSError) as exc:
         peer.process.join(_GRACE_S)
         raise PeerError(f"{peer.process.name}: pipe broken ({type(exc).__name__}), exit code "
                         f"{peer.process.exitcode}") from exc
+    if message[0] == "failed" and len(message) == 2:
+        lines = [line for line in str(message[1]).strip().splitlines() if line.strip()]
+        raise PeerError(f"{peer.process.name} failed: {lines[-1] if lines else message[1]}")
+    return message
 
 
 def expect(peer: Peer, kind: str, timeout_s: float) -> Any:
-    """The payload of the peer's next message, which must be ``(kind, payload)``; a crash
-    (``("failed", traceback)``) raises its last line."""
+    """The payload of the peer's next message, which must be ``(kind, payload)``."""
     got, payload = receive(peer, timeout_s)
     if got != kind:
-        lines = [line for line in str(payload).strip().splitlines() if line.strip()]
-        raise PeerError(f"{peer.process.name} failed: {lines[-1] if lines else payload}")
+        raise PeerError(f"{peer.process.name} answered {got!r}, not {kind!r}")
     return payload
 
 
@@ -131,8 +137,3 @@ def send_quietly(conn: Connection, message: tuple[Any, ...]) -> None:
     """Report to the parent if it still listens; it may have given up."""
     with suppress(EOFError, OSError):
         conn.send(message)
-
-
-def ignore_sigint() -> None:
-    """Only the parent reacts to Ctrl-C; it stops the children itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -139,6 +139,18 @@ def select(only: Iterable[str] | None, default: Iterable[str], known: Collection
     return [name for name in known if name in wanted]
 
 
+def subset(known: Collection[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names of ``known``, in its order."""
+
+    def names(text: str) -> list[str]:
+        try:
+            return select(csv(text), (), known)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return names
+
+
 def progress(line: str) -> None:
     """Progress goes to stderr, so that stdout holds just the tables."""
     print(line, file=sys.stderr, flush=True)
@@ -285,15 +297,18 @@ def source_revision() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def parser(prog: str, description: str, names: Sequence[str], rounds: str) -> argparse.ArgumentParser:
-    """The options every side-by-side benchmark takes."""
+def parser(prog: str, description: str, names: Sequence[str], rounds: str,
+           baseline: bool = True) -> argparse.ArgumentParser:
+    """The options every side-by-side benchmark takes (``--benchmarks`` if it names any)."""
     p = argparse.ArgumentParser(prog=f"python -m benchmarks {prog}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny budgets, 1 round: a smoke run")
-    p.add_argument("--rounds", type=int, help=f"rounds per configuration (default: {rounds})")
-    p.add_argument("--benchmarks", type=csv, metavar="NAMES",
-                   help=f"comma-separated subset of: {','.join(names)}")
-    p.add_argument("--baseline", metavar="PATH", help=f"also measure {BASELINE_BUILD}: lci as "
-                   "built by 'pip install --no-deps --target PATH <checkout>'")
+    p.add_argument("--rounds", type=positive, help=f"rounds per configuration (default: {rounds})")
+    if names:
+        p.add_argument("--benchmarks", type=subset(names), metavar="NAMES",
+                       help=f"comma-separated subset of: {','.join(names)}")
+    if baseline:
+        p.add_argument("--baseline", metavar="PATH", help=f"also measure {BASELINE_BUILD}: lci as "
+                       "built by 'pip install --no-deps --target PATH <checkout>'")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every round's numbers to OUT")
     p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
     return p
@@ -303,12 +318,23 @@ def csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def positive(text: str) -> int:
+    """A count of at least 1 (rounds, runs, peers), or a usage error."""
+    if (number := int(text)) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
+    return number
+
+
+def write_json(path: Path, data: Any, indent: int = 2) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent) + "\n")
+
+
 def finish(args: argparse.Namespace, text: str, data: dict[str, Any]) -> int:
     """Print the table, write the JSON and figures; 1 if any round failed."""
     print(text, flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        write_json(args.json, data)
         progress(f"wrote {args.json}")
     if args.plot:
         from benchmarks.plots import plot

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+
+import psutil
 
 
 class Sampler:
@@ -38,3 +41,12 @@ class Sampler:
         """Each value's largest sample between ``start`` and ``end`` (monotonic), else the last."""
         window = [s[1:] for s in self.samples if start <= s[0] <= end] or [self.samples[-1][1:]]
         return tuple(max(column) for column in zip(*window, strict=True))
+
+
+def pss(pids: Iterable[int]) -> int:
+    """The processes' summed PSS in bytes (a page they share counts once); one gone counts 0."""
+    total = 0
+    for pid in pids:
+        with suppress(psutil.Error):
+            total += psutil.Process(pid).memory_full_info().pss
+    return total

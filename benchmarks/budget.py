@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import linecache
+import math
 import re
 import statistics
 import subprocess
@@ -120,14 +120,16 @@ async def _client(conn: Connection, server: peers.Server, specs: list[peers.Benc
         msg = peers.make_message("ping", peers.make_payload(spec.payload_bytes))
         try:
             async with peers.connected_many(server, 1) as (comm,):
-                await peers.warm_up(comm, msg, spec.warmup)
-                reference = await peers.timed_pings(comm, msg, spec)
+                await peers.ping(comm, msg, spec.warmup, math.inf)
+                start = time.perf_counter()
+                count = await peers.ping(comm, msg, spec.max_count, start + spec.duration_s)
+                reference = peers.Measurement(count, time.perf_counter() - start)
                 conn.send(("looping", None))
                 events, stopped, count = asyncio.get_running_loop(), asyncio.Event(), 0
                 events.add_reader(conn.fileno(), stopped.set)
                 start = time.perf_counter()
                 while not stopped.is_set():  # until the parent's "stop", or its end of the pipe closing
-                    count += await peers.ping(comm, msg, 1, float("inf"))
+                    count += await peers.ping(comm, msg, 1, math.inf)
                 profiled = peers.Measurement(count, time.perf_counter() - start)
                 events.remove_reader(conn.fileno())
                 conn.recv()  # the "stop" itself
@@ -143,7 +145,7 @@ def _round(c: Configuration, sizes: Sequence[int], budgets: dict[str, Any]) -> I
     done, timeout_s = 0, budgets["reference_s"] + budgets["window_s"] + _SLACK_S
     try:
         with (spawned(peers.server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides)
-              as server, spawned(peers.run_client, _client, name=f"{c.label}-client",
+              as server, spawned(peers.client_main, _client, name=f"{c.label}-client",
                                  dask_config=c.overrides) as client):
             client.conn.send((peers.Server(expect(server, "ready", STARTUP_TIMEOUT_S), c.provider), [
                 peers.BenchSpec(f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"],
@@ -317,22 +319,12 @@ def format_table(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    labels, names = [c.label for c in CONFIGURATIONS], [size_name(s) for s in SIZES]
-    p = argparse.ArgumentParser(prog="python -m benchmarks budget", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="short windows, 1 round: a smoke run")
-    p.add_argument("--rounds", type=int, help="rounds per configuration, pooled (default: 2, quick: 1)")
-    p.add_argument("--configs", type=_runner.csv, metavar="NAMES", help=f"of: {','.join(labels)}")
-    p.add_argument("--sizes", type=_runner.csv, metavar="SIZES", help=f"of: {','.join(names)}")
-    p.add_argument("--json", type=Path, metavar="OUT", help="write every round's numbers to OUT")
-    p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
+    labels, sizes = [c.label for c in CONFIGURATIONS], {size_name(s): s for s in SIZES}
+    p = _runner.parser("budget", __doc__, (), "2 pooled, quick: 1", baseline=False)
+    p.add_argument("--configs", type=_runner.subset(labels), metavar="NAMES", help=f"of: {','.join(labels)}")
+    p.add_argument("--sizes", type=_runner.subset(sizes), metavar="SIZES", help=f"of: {','.join(sizes)}")
     args = p.parse_args(argv)
-    rounds = _ROUNDS[not args.quick] if args.rounds is None else args.rounds
-    try:
-        if rounds < 1:
-            raise ValueError("rounds must be >= 1")
-        chosen = [CONFIGURATIONS[labels.index(n)] for n in _runner.select(args.configs, labels, labels)]
-        chosen_sizes = [SIZES[names.index(n)] for n in _runner.select(args.sizes, names, names)]
-    except ValueError as exc:
-        p.error(str(exc))
-    data = measure(chosen, chosen_sizes, rounds, args.quick)
+    chosen = [CONFIGURATIONS[labels.index(n)] for n in args.configs or labels]
+    rounds = args.rounds or _ROUNDS[not args.quick]
+    data = measure(chosen, [sizes[n] for n in args.sizes or sizes], rounds, args.quick)
     return _runner.finish(args, format_table(data), data)

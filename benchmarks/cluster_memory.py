@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -15,9 +13,9 @@ import psutil
 
 from benchmarks import _runner
 from benchmarks._contenders import Configuration
-from benchmarks._sampler import Sampler
+from benchmarks._sampler import Sampler, pss
 from benchmarks.comm import variant
-from benchmarks.peer_cost import MiB, chosen, in_child, proc_bytes
+from benchmarks.peer_cost import MiB, in_child, proc_bytes
 from benchmarks.report import markdown_table
 
 CONFIGS = {c.label: c for c in (
@@ -30,14 +28,6 @@ _AFTER, _RELEASED = f"{AFTER_S:.0f} s after", f"{AFTER_S:.0f} s after the input 
 _MIB_ROWS = {"peak_shmem": "Shmem at the peak", "after_shmem": f"Shmem {_AFTER}",
              "peak_pss": "summed PSS at the peak", "after_pss": f"summed PSS {_AFTER}",
              "released_shmem": f"Shmem {_RELEASED}", "released_pss": f"summed PSS {_RELEASED}"}
-
-
-def _summed_pss() -> int:
-    me, total = psutil.Process(), 0
-    for process in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):  # gone between listing and reading
-            total += process.memory_full_info().pss
-    return total
 
 
 def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]:
@@ -62,7 +52,9 @@ def measure(scheme: str, workers: int, rows: int, limits: str) -> dict[str, Any]
         client.wait_for_workers(workers)
         len(df)
         del frame
-        with Sampler(lambda: (proc_bytes("/proc/meminfo", "Shmem:"), _summed_pss()), SAMPLE_S) as sampler:
+        me = psutil.Process()  # the driver, and every process under it
+        with Sampler(lambda: (proc_bytes("/proc/meminfo", "Shmem:"),
+                              pss(p.pid for p in [me, *me.children(recursive=True)])), SAMPLE_S) as sampler:
             time.sleep(1.0)
             start = time.monotonic()
             shuffled = len(df.shuffle("k", shuffle_method="p2p").persist())
@@ -110,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=16_000_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--memory-limits", choices=("off", "default"), default="off")
-    parser.add_argument("--configs", default="tcp,lci,lci-keep")
+    parser.add_argument("--configs", type=_runner.subset(CONFIGS), default=["tcp", "lci", "lci-keep"])
     parser.add_argument("--timeout", type=float, default=900.0, help="per configuration, s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    configs = chosen(parser, args.configs, CONFIGS)
+    configs = [CONFIGS[name] for name in args.configs]
     results: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
     for index in range(args.rounds):
         for c in _runner.rotated(configs, index):
@@ -123,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                              args.memory_limits, timeout_s=args.timeout))
     print(_table(results))
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        args.json.write_text(json.dumps({"args": settings, "results": results}, indent=1))
+        settings = {k: v for k, v in vars(args).items() if k != "json"} | {"configs": ",".join(args.configs)}
+        _runner.write_json(args.json, {"args": settings, "results": results}, 1)
     return 0
 
 

@@ -81,8 +81,8 @@ VARIANT_BENCHMARKS = ("pingpong-8B", "flood-8B-x1", "flood-8B-x16", "nchains-64"
                       "pingpong-1MiB", "pingpong-64MiB")
 
 LCI = "distributed.comm.lci"
-_OFI = {"ofi.provider": "tcp;ofi_rxm", "ofi.node": "127.0.0.1"}
-_OFI_MODULE = "dask_lcicomm.providers._ofi"
+OFI = {"ofi.provider": "tcp;ofi_rxm", "ofi.node": "127.0.0.1"}  # libfabric's tcp on loopback
+OFI_MODULE = "dask_lcicomm.providers._ofi"
 
 
 def variant(label: str, knobs: dict[str, Any], requires: str | None = None) -> Configuration:
@@ -112,9 +112,9 @@ VARIANTS = {c.label: c for c in (
     variant("providers-tcp", {"providers": ["tcp"]}),
     variant("providers-shm", {"providers": ["shm", "tcp"]}),
     variant("providers-ucx", {"providers": ["ucx", "tcp"]}, requires="ucxx"),
-    variant("providers-ofi", {"providers": ["ofi", "tcp"], **_OFI}, requires=_OFI_MODULE),
-    variant("providers-ofi-sends", {"providers": ["ofi", "tcp"], **_OFI,
-                                    "ofi.rendezvous-bytes": 0}, requires=_OFI_MODULE),
+    variant("providers-ofi", {"providers": ["ofi", "tcp"], **OFI}, requires=OFI_MODULE),
+    variant("providers-ofi-sends", {"providers": ["ofi", "tcp"], **OFI,
+                                    "ofi.rendezvous-bytes": 0}, requires=OFI_MODULE),
 )}
 
 #: lci pinned to one provider: the fabric between hosts, UCX, libfabric.
@@ -242,21 +242,19 @@ def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
     names = VARIANTS if is_variants else (*DEFAULT_NAMES, *VARIANTS)
     p = _runner.parser(command, __doc__.splitlines()[0], BENCHMARK_NAMES, "5, quick: 1")
     flag = "--variants" if is_variants else "--schemes"
-    p.add_argument(flag, dest="names", type=_runner.csv, metavar="NAMES",
+    p.add_argument(flag, dest="names", metavar="NAMES",
+                   type=_runner.subset(VARIANTS) if is_variants else _runner.csv,
                    help=f"comma-separated, of: {','.join(names)}; or any scheme")
     args = p.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 5)
     try:
         if is_variants:
-            chosen = configurations(["lci", "tcp", *_runner.select(args.names, VARIANTS, VARIANTS)],
-                                    args.baseline)
+            chosen = configurations(["lci", "tcp", *(args.names or VARIANTS)], args.baseline)
             benches = benchmarks(args.benchmarks, args.quick, VARIANT_BENCHMARKS,
                                  1.0 if args.quick else 0.5)
         else:
             chosen = configurations(args.names or DEFAULT_NAMES, args.baseline)
             benches = benchmarks(args.benchmarks, args.quick)
-        rounds = args.rounds or (1 if args.quick else 5)
-        if rounds < 1:
-            raise ValueError("rounds must be >= 1")
     except ValueError as exc:
         p.error(str(exc))
     result = _runner.run(command, chosen, benches, rounds, args.quick, run_round, server_main)

@@ -260,15 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--schemes", type=_runner.csv, metavar="SCHEMES",
                    help=f"comma-separated (default: {','.join(SCHEMES)}; {INPROC} always runs)")
     args = p.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
     try:
         chosen = configurations(args.schemes or SCHEMES, args.baseline)
-        benches = [Benchmark(GRAPHS[name].spec(QUICK if args.quick else FULL), (TIME,))
-                   for name in _runner.select(args.benchmarks, tuple(GRAPHS), tuple(GRAPHS))]
-        rounds = args.rounds or (1 if args.quick else 3)
-        if rounds < 1:
-            raise ValueError("rounds must be >= 1")
     except ValueError as exc:
         p.error(str(exc))
+    benches = [Benchmark(GRAPHS[name].spec(QUICK if args.quick else FULL), (TIME,))
+               for name in args.benchmarks or GRAPHS]
     result = _runner.run("dask", chosen, benches, rounds, args.quick, run_round, server_main)
     pairs = ratio_pairs(result.labels)
     data = _runner.to_json(result, pairs)

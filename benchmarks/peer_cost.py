@@ -7,9 +7,7 @@ import asyncio
 import contextlib
 import gc
 import inspect
-import json
 import os
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -21,16 +19,15 @@ from distributed.comm.core import CommClosedError
 from benchmarks import _runner
 from benchmarks._comm_peers import check_provider, server_main
 from benchmarks._contenders import Configuration, probe
-from benchmarks._procs import expect, ignore_sigint, send_quietly, spawned
-from benchmarks.comm import variant
+from benchmarks._procs import expect, spawned
+from benchmarks.comm import OFI, OFI_MODULE, variant
 from benchmarks.report import markdown_table
 
 MiB = 1 << 20
-_OFI = {"ofi.node": "127.0.0.1", "ofi.provider": "tcp;ofi_rxm"}
 CONFIGS = {c.label: c for c in (
     *map(Configuration.of_scheme, ("tcp", "ucxx", "lci")), variant("lci-tcp", {"providers": ["tcp"]}),
     variant("lci-ucx", {"providers": ["ucx"]}, requires="ucxx"),
-    variant("lci-ofi", {"providers": ["ofi"], **_OFI}, requires="dask_lcicomm.providers._ofi"))}
+    variant("lci-ofi", {"providers": ["ofi"], **OFI}, requires=OFI_MODULE))}
 MESSAGE = {"op": "ping", "x": 1}
 _START_S, _MEASURE_S = 120.0, 300.0  # for the servers to listen; for the measurement
 
@@ -39,15 +36,6 @@ def proc_bytes(path: str, field: str) -> int:
     """A field in kB of a /proc file (``VmRSS:`` of /proc/self/status...), in bytes."""
     with open(path) as file:
         return next(int(line.split()[1]) * 1024 for line in file if line.startswith(field))
-
-
-def chosen(parser: argparse.ArgumentParser, names: str, known: dict[str, Configuration]
-           ) -> list[Configuration]:
-    """The configurations named in ``names`` (comma-separated), in ``known``'s order."""
-    try:
-        return [known[name] for name in _runner.select(_runner.csv(names), (), list(known))]
-    except ValueError as exc:
-        parser.error(str(exc))
 
 
 def in_child(c: Configuration, work: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
@@ -59,17 +47,11 @@ def in_child(c: Configuration, work: Callable[..., Any], *args: Any, timeout_s: 
 
 
 def _answer(conn: Connection, work: Callable[..., Any], *args: Any) -> None:
-    ignore_sigint()
-    try:
-        conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work)
-                   else work(*args)))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work) else work(*args)))
 
 
 def _serve(conn: Connection, scheme: str, count: int) -> None:
     """Child: ``count`` listeners, each echoing one message, until the parent closes the pipe."""
-    ignore_sigint()
     asyncio.run(_listen(conn, scheme, count))
 
 
@@ -121,13 +103,13 @@ def _one(c: Configuration, peers: int, servers: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_cost", description=__doc__)
     parser.add_argument("--peers", type=int, default=64)
-    parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--servers", type=_runner.positive, default=4)
+    parser.add_argument("--configs", type=_runner.subset(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if args.peers < 2 or args.servers < 1:
-        parser.error("--peers must be at least 2 and --servers at least 1")
-    configs = chosen(parser, args.configs, CONFIGS)
+    if args.peers < 2:
+        parser.error("--peers must be at least 2")
+    configs = [CONFIGS[name] for name in args.configs]
     status = probe(configs, server_main)
     results: dict[str, Any] = {}
     for c in configs:
@@ -141,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                                 [name, f"{r['fds_per_peer']:.2f}", f"{r['rss_mib_per_peer']:.3f}"]
                                 for name, r in results.items())))
     if args.json:
-        summary = {"peers": args.peers, "servers": args.servers, "results": results}
-        args.json.write_text(json.dumps(summary, indent=1))
+        _runner.write_json(args.json, {"peers": args.peers, "servers": args.servers, "results": results}, 1)
     return 0
 
 

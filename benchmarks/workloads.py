@@ -7,14 +7,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
-import json
 import logging
 import math
 import os
 import statistics
 import tempfile
 import time
-import traceback
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -26,9 +24,10 @@ from typing import Any
 import psutil
 from distributed import Client, LocalCluster
 
-from benchmarks._procs import PeerError, expect, ignore_sigint, receive, send_quietly, spawned
-from benchmarks._runner import align, csv, environment_facts, one_line, progress, rotated
-from benchmarks._sampler import Sampler
+from benchmarks import _runner
+from benchmarks._procs import PeerError, expect, receive, spawned
+from benchmarks._runner import align, csv, one_line, progress, rotated
+from benchmarks._sampler import Sampler, pss
 from benchmarks._testbed import testbed
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
 from dask_lcicomm.testing.netns import unavailable
@@ -78,12 +77,6 @@ def worker_comm_seconds(dask_worker: Any) -> float:
                         and key[3] in ("send", "serialize", "compress"))))
 
 
-def _pss_bytes(pid: int) -> int:
-    with suppress(psutil.Error):
-        return int(psutil.Process(pid).memory_full_info().pss)
-    return 0
-
-
 class Meter:
     """Measures a timed part on ``client``'s cluster: this process, the scheduler's, the workers'
     and their parents (the nannies' processes; this one for a ``LocalCluster``)."""
@@ -122,7 +115,7 @@ class Meter:
     @contextmanager
     def timed(self) -> Iterator[None]:
         comm_before, counters_before = self._comm(), self._counters()  # no RPC in the window
-        with Sampler(lambda: (sum(map(_pss_bytes, self.pids)),), SAMPLE_S) as sampler:
+        with Sampler(lambda: (pss(self.pids),), SAMPLE_S) as sampler:
             start = time.perf_counter()
             yield
             seconds = time.perf_counter() - start
@@ -137,33 +130,29 @@ def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | 
                 names: list[str], size: float, repeat: int) -> None:
     """Child process: holds the client (and, without ``address``, the ``LocalCluster``), runs the
     workloads and sends a record of each timed run or error, then the links lci ran over."""
-    ignore_sigint()
-    try:
-        from benchmarks._cluster import link_providers
+    from benchmarks._cluster import link_providers
 
-        # The scheduler logs every p2p shuffle's start and end at warning level.
-        logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
-        with ExitStack() as stack:
-            client = stack.enter_context(Client(address or stack.enter_context(LocalCluster(
-                protocol=scheme, n_workers=setting.workers, threads_per_worker=1,
-                dashboard_address=":0"))))
-            client.wait_for_workers(setting.workers, timeout=setting.startup_s)
-            meter = Meter(client)
-            conn.send(("ready", None))
-            for name in names:
-                try:
-                    BY_NAME[name].run(client, WARM_UP_SIZE, meter.timed)
-                    for index in range(repeat):
-                        meter.last = None
-                        BY_NAME[name].run(client, size, meter.timed)
-                        if meter.last is None:
-                            raise RuntimeError(f"{name} timed nothing")
-                        conn.send(("record", {"workload": name, **meter.last, "run": index}))
-                except Exception as exc:
-                    conn.send(("record", {"workload": name, "error": one_line(exc)}))
-            conn.send(("links", link_providers(client) if scheme == "lci" else None))
-    except Exception:
-        send_quietly(conn, ("failed", traceback.format_exc()))
+    # The scheduler logs every p2p shuffle's start and end at warning level.
+    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
+    with ExitStack() as stack:
+        client = stack.enter_context(Client(address or stack.enter_context(LocalCluster(
+            protocol=scheme, n_workers=setting.workers, threads_per_worker=1,
+            dashboard_address=":0"))))
+        client.wait_for_workers(setting.workers, timeout=setting.startup_s)
+        meter = Meter(client)
+        conn.send(("ready", None))
+        for name in names:
+            try:
+                BY_NAME[name].run(client, WARM_UP_SIZE, meter.timed)
+                for index in range(repeat):
+                    meter.last = None
+                    BY_NAME[name].run(client, size, meter.timed)
+                    if meter.last is None:
+                        raise RuntimeError(f"{name} timed nothing")
+                    conn.send(("record", {"workload": name, **meter.last, "run": index}))
+            except Exception as exc:
+                conn.send(("record", {"workload": name, "error": one_line(exc)}))
+        conn.send(("links", link_providers(client) if scheme == "lci" else None))
 
 
 def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str], size: float,
@@ -188,9 +177,6 @@ def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str]
                 row = row_name(r["workload"], r.get("run", 0))
                 progress(f"  {setting.name} r{round_index + 1} {scheme:>5} {row:<19} {what}")
                 records.append(r)
-            if message[0] != "links":
-                lines = str(message[1]).strip().splitlines()
-                raise PeerError(f"{driver.process.name} failed: {lines[-1] if lines else ''}")
     except (PeerError, RuntimeError, OSError) as exc:
         seen = {r["workload"] for r in records}
         return records + [{**base, "workload": name, "error": str(exc).splitlines()[0]}
@@ -283,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--schemes", type=csv, default=list(SCHEMES),
         help=f"default: {','.join(SCHEMES)}; one not installed is left out")
     add("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
-    add("--rounds", type=int, help="default: 3, or 1 with --quick")
+    add("--rounds", type=_runner.positive, help="default: 3, or 1 with --quick")
     add("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
-    add("--repeat", type=int, default=1,
+    add("--repeat", type=_runner.positive, default=1,
         help="timed runs of each workload per cluster, default 1; the runs after the first are warm")
     add("--json", type=Path, metavar="OUT", help="write the records to OUT, again after each round")
     args = parser.parse_args(argv)
@@ -293,8 +279,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = args.settings or (["local-2"] if args.quick else list(_SETTING))
     if unknown := [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]:
         parser.error(f"unknown workloads or settings: {unknown}")
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
     settings = [_SETTING[s] for s in chosen]
     if any(s.per_host for s in settings) and (why := unavailable()) is not None:
         progress(f"simulated hosts left out: {why}")
@@ -304,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
     data: dict[str, Any] = {
-        "command": "workloads", "environment": environment_facts(),  # its load average: the run's
+        "command": "workloads", "environment": _runner.environment_facts(),  # its load average: the run's
         "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
         "repeat": args.repeat, "size": size, "complete": False, "seconds": 0, "records": [],
         "medians": {}, "sources": {w.name: w.source for w in WORKLOADS}}
@@ -315,8 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data.update(complete=complete, seconds=round(time.monotonic() - started),
                     medians=medians(data["records"]))
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(data, indent=1) + "\n")
+            _runner.write_json(args.json, data, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
         for setting, round_index in itertools.product(settings, range(rounds)):
