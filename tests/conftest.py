@@ -18,6 +18,7 @@ from dask_lcicomm.parcel import Limits
 from dask_lcicomm.progress import ProgressEngine, make_completion
 from dask_lcicomm.providers import shm_segment
 from dask_lcicomm.providers.base import DeviceOptions
+from dask_lcicomm.providers.frame_memory import frame_memory
 from dask_lcicomm.providers.shm import ShmDevice
 from dask_lcicomm.providers.shm_handshake import ShmLink
 from dask_lcicomm.providers.shm_release import releaser
@@ -51,6 +52,7 @@ class Endpoint:
                 transport, options, device_kwargs.pop("poll_window", 0.0),
                 releaser(release_after) if release_after else None,
                 device_kwargs.pop("budget", None), device_kwargs.pop("rendezvous_bytes", 0),
+                frame_memory(release_after) if release_after else None,
             )
         assert not device_kwargs, f"unknown device options {device_kwargs}"
         if transport is not None:

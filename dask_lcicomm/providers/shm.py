@@ -13,7 +13,8 @@ What the senders of a process lend and write counts against one budget
 (:mod:`.shm_budget`), and what they no longer use goes back to the OS
 (:mod:`.shm_release`). A large frame that finds no pool block is read by the
 receiver from the sender's own memory where the kernel allows it
-(:mod:`.shm_reads`), else it goes through the ring.
+(:mod:`.shm_reads`), into memory that frames read before left free
+(:mod:`.frame_memory`), else it goes through the ring.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ except ImportError as e:
         " providers"
     ) from e
 
+from dask_lcicomm.providers.frame_memory import FrameMemory, frame_memory
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
 from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
 from dask_lcicomm.providers.shm_options import SECTION, ShmOptions
@@ -82,6 +84,7 @@ class ShmDevice(Device):
         releaser: MemoryReleaser | None = None,
         budget: SharedMemoryBudget | None = None,
         rendezvous_bytes: int = 0,
+        frames: FrameMemory | None = None,
     ) -> None:
         super().__init__(options, link.local_address, link.peer_address, placement=self._lend)
         self._sock = link.sock
@@ -90,6 +93,8 @@ class ShmDevice(Device):
         self._budget = budget
         self._peer_pid = link.peer_pid
         self._reads = link.reads
+        # Where frames read from the peer land (None: new memory each).
+        self._frames = frames
         # The smallest group lent to the peer for reading (0: none).
         self._lend_from = rendezvous_bytes if link.peer_reads else 0
         # Where the writes of lent groups complete once read.
@@ -211,7 +216,7 @@ class ShmDevice(Device):
             raise ProtocolError("the peer lent frames for reading, which we did not offer")
         if block >= shared.rx_layout.blocks:
             raise ProtocolError(f"frames lent under handle {block}, beyond the segment's blocks")
-        view = read(self._peer_pid, at, nbytes)
+        view = read(self._peer_pid, at, nbytes, self._frames)
         shared.rx.store(shared.rx_layout.flag(block), 1)
         self._ring()
         return view
@@ -385,11 +390,12 @@ class ShmProvider(Provider):
 
 
 def _device(link: ShmLink, options: DeviceOptions, settings: Settings, shm: ShmOptions) -> ShmDevice:
-    """A device as configured: the event loop's releaser unless idle memory
-    is kept, and the process's budget."""
-    release = releaser(shm.release_after) if shm.release_after else None
+    """A device as configured: the event loop's releaser and frame memory
+    unless idle memory is kept, and the process's budget."""
+    period = shm.release_after
+    release, frames = (releaser(period), frame_memory(period)) if period else (None, None)
     return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget),
-                     shm.rendezvous_bytes)
+                     shm.rendezvous_bytes, frames)
 
 
 def _layout(shm: ShmOptions) -> Layout:

@@ -16,6 +16,8 @@ and the write stays incomplete, until that flag comes back: like
 ``tcp://``, a finished write no longer reads the caller's memory. The
 receiver checks the size (the parcel's size table was checked against its
 limits), allocates, reads, stores the flag and rings the sender's doorbell.
+It reads into memory it read frames into before, once Dask freed them
+(:mod:`.frame_memory`), not into new memory.
 
 Only a receiver that found in the handshake that the kernel lets it read
 its peer (:func:`unreadable`: same user, and a ptrace policy that allows
@@ -35,6 +37,7 @@ import numpy as np
 
 from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers.base import CompletionSink, DeviceLost, SendDone
+from dask_lcicomm.providers.frame_memory import FrameMemory
 
 #: Set in a PLACED record's handle: the offset is an address in the sender.
 READ_HANDLE = 1 << 32
@@ -85,14 +88,20 @@ def address(views: Sequence[memoryview]) -> int | None:
     return start
 
 
-def read(pid: int, at: int, nbytes: int) -> memoryview:
-    """``nbytes`` at address ``at`` of process ``pid``, in a new buffer.
+def read(pid: int, at: int, nbytes: int, memory: FrameMemory | None = None) -> memoryview:
+    """``nbytes`` at address ``at`` of process ``pid``, in a region of
+    ``memory`` (else in a new buffer).
 
     :class:`ProcessLookupError` if the peer is gone, :class:`ProtocolError`
     if it lent what we cannot read."""
     assert _readv is not None
-    buffer = np.empty(nbytes, dtype=np.uint8)
-    base, done = buffer.ctypes.data, 0
+    buffer: Any
+    if memory is None:
+        buffer = np.empty(nbytes, dtype=np.uint8)
+        base = buffer.ctypes.data
+    else:
+        buffer, base = memory.take(nbytes)
+    done = 0
     while done < nbytes:
         local, remote = _Iovec(base + done, nbytes - done), _Iovec(at + done, nbytes - done)
         n = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
@@ -103,7 +112,7 @@ def read(pid: int, at: int, nbytes: int) -> memoryview:
             reason = os.strerror(code) if code else "nothing read"
             raise ProtocolError(f"cannot read the {nbytes} bytes the peer lent at {at:#x}: {reason}")
         done += n
-    return buffer.data
+    return memoryview(buffer)
 
 
 class Loan:

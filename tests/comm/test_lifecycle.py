@@ -28,7 +28,7 @@ from dask_lcicomm import parcelport as parcelport_module
 from dask_lcicomm.config import Settings
 from dask_lcicomm.link import LINGER
 from dask_lcicomm.parcelport import Parcelport
-from dask_lcicomm.providers import shm, shm_budget
+from dask_lcicomm.providers import frame_memory, shm, shm_budget
 from dask_lcicomm.providers.shm_options import ShmOptions
 
 PROVIDERS = [
@@ -53,11 +53,11 @@ def resources() -> dict[str, Any]:
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
     lent = shm_budget.budget(ShmOptions.of(Settings.from_config()).budget).held
     return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads,
-            "shared memory lent": lent}
+            "shared memory lent": lent, "frame memory": frame_memory.held_bytes()}
 
 
 def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
-    """No more fds, segments or progress threads than at ``baseline``
+    """No more fds, segments, progress threads or memory than at ``baseline``
     (what earlier tests left may go meanwhile: a progress thread of theirs
     still winding down, say)."""
     return (
@@ -65,6 +65,7 @@ def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
         and now["segments mapped"] <= baseline["segments mapped"]
         and set(now["progress threads"]) <= set(baseline["progress threads"])
         and now["shared memory lent"] <= baseline["shared memory lent"]
+        and now["frame memory"] <= baseline["frame memory"]
     )
 
 

@@ -181,6 +181,39 @@ async def test_frames_without_a_pool_block_are_read_from_the_sender(endpoint_pai
 
 
 @gen_test(timeout=60)
+async def test_frames_read_from_the_sender_land_in_memory_that_earlier_ones_left(endpoint_pair):
+    """A read frame's memory is used again once the frame is gone, never
+    while it lives, and given back once nothing uses it."""
+    with endpoint_pair("loop", provider="shm", pool=2 * MiB, rendezvous_bytes=MiB,
+                       release_after=0.05) as (a, b):
+
+        async def received(seq: int) -> memoryview:
+            payload = np.full(3 * MiB, seq, dtype=np.uint8)
+            a.send(1, _parcel(seq, [b"head", payload]))
+            await b.wait_for(lambda ev: len(_messages(ev)) == 1)
+            (message,) = _messages(b.events)
+            b.events.clear()
+            frame = message.frames[1]
+            assert np.array_equal(np.frombuffer(frame, np.uint8), payload)
+            return frame
+
+        def at(frame: memoryview) -> int:
+            return np.frombuffer(frame, np.uint8).ctypes.data
+
+        first = await received(0)
+        second = await received(1)
+        assert at(second) != at(first), "the first frame still lives"
+        where = at(first)
+        del first
+        gc.collect()
+        third = await received(2)
+        assert at(third) == where
+        memory = b.device._frames
+        del second, third
+        assert await _eventually(lambda: memory.held_bytes == 0)
+
+
+@gen_test(timeout=60)
 async def test_a_write_is_not_complete_before_its_frame_is_read(endpoint_pair, monkeypatch):
     gate = threading.Event()
     real_read = shm.read
@@ -206,7 +239,7 @@ async def test_a_write_is_not_complete_before_its_frame_is_read(endpoint_pair, m
 
 @gen_test(timeout=60)
 async def test_a_receiver_that_cannot_read_fails_the_write(endpoint_pair, monkeypatch, caplog):
-    def failed_read(pid, at, nbytes):
+    def failed_read(pid, at, nbytes, memory=None):
         raise ProtocolError(f"cannot read the {nbytes} bytes the peer lent at {at:#x}: gone")
 
     monkeypatch.setattr(shm, "read", failed_read)
