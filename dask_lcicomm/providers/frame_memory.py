@@ -119,6 +119,6 @@ def frame_memory(period: float) -> FrameMemory:
     return found
 
 
-def held_bytes() -> int:
+def held_by_process() -> int:
     """Bytes of frame memory this process maps, over every event loop."""
     return sum(m.held_bytes for by_period in list(_memories.values()) for m in by_period.values())

@@ -53,7 +53,7 @@ def resources() -> dict[str, Any]:
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
     lent = shm_budget.budget(ShmOptions.of(Settings.from_config()).budget).held
     return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads,
-            "shared memory lent": lent, "frame memory": frame_memory.held_bytes()}
+            "shared memory lent": lent, "frame memory": frame_memory.held_by_process()}
 
 
 def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
