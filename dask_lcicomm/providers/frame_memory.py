@@ -1,13 +1,12 @@
-"""Private memory for large frames received from a peer, used again once Dask frees them.
+"""Private memory for large frames read from a peer, used again once Dask frees them.
 
 Memory a process has not touched before costs more than the copy into it:
 every page faults in and is zeroed, and ``tcp://`` receives every frame
-into such memory. Here a frame (read in place from a peer on this host, or
-a large bulk message of a message fabric) is received into a region of its
-own, lent to Dask as the frame (a :class:`~._atomics.Lease`: freeing the
-frame's last view marks the region free, as a shared-memory pool block is
-returned), and the next frame of the same size class takes a free region
-instead of new memory.
+into such memory. Here a frame is read into a region of its own, lent to
+Dask as the frame (a :class:`~._atomics.Lease`: freeing the frame's last
+view marks the region free, as a shared-memory pool block is returned), and
+the next frame of the same size class takes a free region instead of new
+memory.
 
 A region stays free at most about two periods of the event loop's
 :class:`~.shm_release.MemoryReleaser`: a look unmaps the regions it found
@@ -52,8 +51,8 @@ class _Region:
 
 
 class FrameMemory:
-    """The regions of one event loop's devices; ``take`` may be called from
-    any thread."""
+    """The regions of one event loop's shm devices; ``take`` may be called
+    from any thread."""
 
     def __init__(self, releaser: MemoryReleaser) -> None:
         self._releaser = releaser
