@@ -20,7 +20,6 @@ import asyncio
 import mmap
 import threading
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 
@@ -67,12 +66,6 @@ class FrameMemory:
         with self._lock:
             return sum(r.capacity for regions in self._regions.values() for r in regions)
 
-    @property
-    def idle_bytes(self) -> int:
-        """Bytes of the regions free (their frames released)."""
-        with self._lock:
-            return sum(r.capacity for regions in self._regions.values() for r in regions if r.free)
-
     def take(self, nbytes: int) -> tuple[Lease, int]:
         """A writable buffer of ``nbytes`` (``nbytes`` > 0, checked against
         the limits) and its address: a free region of its size class, or a
@@ -92,38 +85,24 @@ class FrameMemory:
             self._releaser.watch(self)
         return lease, region.address
 
-    def drop_free(self) -> None:
-        """Unmap every free region now: its owner stops (a fabric released
-        with its engine, whose loop may not run the releaser again)."""
-        with self._lock:
-            self._forget(lambda region: region.free)
-
     def release_idle_memory(self) -> bool:
         """Unmap the regions free at this look and the one before (their
         last reference goes); True when no region is left to watch."""
-
-        def stale(region: _Region) -> bool:
-            if not region.free:
-                return False
-            if region.seen_free:
-                return True
-            region.seen_free = True
-            return False
-
         with self._lock:
-            self._forget(stale)
+            for capacity, regions in list(self._regions.items()):
+                kept = []
+                for region in regions:
+                    if region.free:
+                        if region.seen_free:
+                            continue
+                        region.seen_free = True
+                    kept.append(region)
+                if kept:
+                    self._regions[capacity] = kept
+                else:
+                    del self._regions[capacity]
             sent, self.sent = self.sent, False
             return not sent and not self._regions
-
-    def _forget(self, drop: Callable[[_Region], bool]) -> None:
-        """Let go of the regions ``drop`` names (under the lock): each is
-        unmapped with its last reference."""
-        for capacity, regions in list(self._regions.items()):
-            kept = [region for region in regions if not drop(region)]
-            if kept:
-                self._regions[capacity] = kept
-            else:
-                del self._regions[capacity]
 
 
 _memories: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, FrameMemory]] = (
@@ -140,7 +119,6 @@ def frame_memory(period: float) -> FrameMemory:
     return found
 
 
-def idle_in_process() -> int:
-    """Bytes of frame memory that no frame uses, over every event loop: what
-    the process holds beyond what Dask holds."""
-    return sum(m.idle_bytes for by_period in list(_memories.values()) for m in by_period.values())
+def held_by_process() -> int:
+    """Bytes of frame memory this process maps, over every event loop."""
+    return sum(m.held_bytes for by_period in list(_memories.values()) for m in by_period.values())

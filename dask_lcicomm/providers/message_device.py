@@ -82,8 +82,7 @@ class MessageDevice(RoutedDevice):
         local_address: str,
         peer_address: str,
     ) -> None:
-        self._inbox = Inbox(options.limits, fabric.receive, self._read if fabric.rma else None,
-                            fabric.frames)
+        self._inbox = Inbox(options.limits, fabric.receive, self._read if fabric.rma else None)
         self._loans = Loans(fabric.rma)
         super().__init__(options, local_address, peer_address, placement=self._inbox.take_bulk)
         self.source = self._fabric = fabric

@@ -67,9 +67,6 @@ class MessageFabric(SharedSource):
     address: str
     #: The verbs that read peers' memory, where the fabric has RMA.
     rma: Rma | None = None
-    #: Where large bulk messages land (``take(nbytes) -> (buffer, address)``,
-    #: see :mod:`.frame_memory`); None: each in new memory.
-    frames: Any = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress: Progress) -> None:
         self._loop = loop
@@ -408,7 +405,4 @@ class MessageFabric(SharedSource):
             self._orphans.clear()
             self._hellos.clear()
             self._listeners.clear()
-        if self.frames is not None:
-            # The engine may stop with its loop, and the releaser with it.
-            self.frames.drop_free()
 

@@ -10,9 +10,6 @@ group the peer announces for reading (:mod:`.message_rendezvous`) is read
 into a buffer allocated once its size passed the limits, and set aside as a
 bulk message is.
 
-A large bulk group lands in memory that an earlier one left free, where the
-fabric has frame memory (:mod:`.frame_memory`), not in new memory.
-
 The inbox knows the fabric by two verbs, ``receive`` and ``read``, and
 nothing of the device.
 """
@@ -48,8 +45,6 @@ from dask_lcicomm.providers.message_tags import (
 from dask_lcicomm.providers.message_verbs import Request
 
 _HALF = 1 << (NUMBER_BITS - 1)
-#: Bulk groups from this size on land in frame memory, not in new memory.
-FRAME_MEMORY_BYTES = 1 << 20
 
 #: ``receive(message, buffer)``: the fabric's verb.
 Receive = Callable[[Any, np.ndarray], Request]
@@ -71,10 +66,9 @@ def _succeeded(request: Request, what: str, failed: Callable[[str], None]) -> bo
 class Inbox:
     """The receive side of one message device (under the fabric's lock)."""
 
-    def __init__(self, limits: Limits, receive: Receive, read: Read = None, frames: Any = None) -> None:
+    def __init__(self, limits: Limits, receive: Receive, read: Read = None) -> None:
         self._receive_verb = receive
         self._read_verb = read
-        self._frames = frames
         self._max_bytes = limits.max_message_bytes
         self._max_count = limits.max_frames
         # Stream and control messages being received, in order, each with
@@ -112,7 +106,7 @@ class Inbox:
                 raise ProtocolError(f"bulk messages waiting exceed {self._max_bytes} bytes")
             if number in self._bulk:
                 raise ProtocolError(f"bulk message {number} arrived twice")
-            request, buffer = self._receive(nbytes, message, self._frame(nbytes))
+            request, buffer = self._receive(nbytes, message)
             self._bulk[number] = (request, buffer)
             if kind == PROMPT:
                 self._prompt.append(request)
@@ -139,19 +133,9 @@ class Inbox:
             raise ProtocolError(f"an unexpected control message {number}")
         self._receiving.append((*self._receive(nbytes, message), kind, number, required))
 
-    def _receive(self, nbytes: int, message: Any, buffer: np.ndarray | None = None
-                 ) -> tuple[Request, np.ndarray]:
-        if buffer is None:
-            buffer = np.empty(nbytes, np.uint8)
+    def _receive(self, nbytes: int, message: Any) -> tuple[Request, np.ndarray]:
+        buffer = np.empty(nbytes, np.uint8)
         return self._receive_verb(message, buffer), buffer
-
-    def _frame(self, nbytes: int) -> np.ndarray | None:
-        """A bulk group's buffer in frame memory, if it is large enough to
-        be worth a region of its own; its size passed the limits."""
-        if self._frames is None or nbytes < FRAME_MEMORY_BYTES:
-            return None
-        lease, _ = self._frames.take(nbytes)
-        return np.frombuffer(lease, np.uint8)
 
     def reap(self, welcome: Callable[[np.ndarray], None], failed: Callable[[str], None]) -> bool:
         """Take the messages complete in order: stream bytes join
@@ -216,9 +200,7 @@ class Inbox:
         if number in self._bulk:
             raise ProtocolError(f"bulk message {number} arrived twice")
         self._bulk_bytes += total
-        buffer = self._frame(total)
-        if buffer is None:
-            buffer = np.empty(total, np.uint8)
+        buffer = np.empty(total, np.uint8)
         requests = []
         offset = 0
         for address, key, length in buffers:

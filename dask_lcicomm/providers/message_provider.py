@@ -21,7 +21,6 @@ from dask_lcicomm.providers.message_device import MessageDevice
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_routes import Listener
 from dask_lcicomm.providers.registry import Offering, PeerOffer, Provider, ProviderUnavailable
-from dask_lcicomm.providers.shm_options import ShmOptions
 
 
 def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], reason: str | None) -> None:
@@ -38,20 +37,6 @@ def _settle(future: asyncio.Future[None], reason: str | None) -> None:
         future.set_exception(ProviderUnavailable(reason))
 
 
-def _frame_memory() -> Any:
-    """The event loop's frame memory, given back after the shared memory's
-    period (``shm.release-after``); None where memory is kept (0) or the C
-    helper it lends with was not built."""
-    period = ShmOptions.of(Settings.from_config()).release_after
-    if not period:
-        return None
-    try:
-        from dask_lcicomm.providers.frame_memory import frame_memory
-    except ImportError:
-        return None
-    return frame_memory(period)
-
-
 class MessageProvider(Provider):
     """A message fabric with a peer whose listener offers it and that the
     fabric can reach."""
@@ -65,8 +50,6 @@ class MessageProvider(Provider):
         loop = asyncio.get_running_loop()
         fabric = options.progress.shared(self.name, lambda: self.make_fabric(loop, options.progress))
         assert isinstance(fabric, MessageFabric)
-        if fabric.frames is None:
-            fabric.frames = _frame_memory()
         return fabric
 
     def maker(self, fabric: MessageFabric, options: DeviceOptions) -> Callable[..., MessageDevice]:

@@ -13,8 +13,6 @@ provider, whose frames lie in the memory the sender wrote them to.
 
 from __future__ import annotations
 
-import gc
-
 import dask
 import numpy as np
 import pytest
@@ -126,38 +124,3 @@ async def test_a_small_header_shares_the_first_array_buffer_where_tcp_would(
     assert np.array_equal(a, array) and msg["other"] == other
     owner = host_buffer(a)
     assert (memoryview(owner).nbytes == a.nbytes) == expect_separate_buffer
-
-
-@pytest.mark.parametrize("providers", [p for p in PROVIDERS if p.id != "shm"])
-@gen_test(timeout=30)
-async def test_a_large_frame_lands_in_memory_one_released_before_left(providers):
-    """Over the message fabrics a large frame is received into frame memory:
-    into the region of a frame already released, never of one that lives."""
-
-    async def handle(comm):
-        for i in range(2):
-            await comm.write({"data": to_serialize(np.full(3 << 20, i, np.uint8))})
-        await comm.read()
-        await comm.write({"data": to_serialize(np.full(3 << 20, 2, np.uint8))})
-        await comm.read()
-        await comm.close()
-
-    def at(a: np.ndarray) -> int:
-        return a.ctypes.data
-
-    with dask.config.set({"distributed.comm.lci.providers": providers}):
-        async with listen("lci://127.0.0.1:0", handle) as listener:
-            comm = await connect(listener.contact_address)
-            try:
-                first, second = [(await comm.read())["data"] for _ in range(2)]
-                assert (first == 0).all() and (second == 1).all()
-                assert at(second) != at(first)
-                where = at(first)
-                del first
-                gc.collect()
-                await comm.write("next")
-                third = (await comm.read())["data"]
-                assert (third == 2).all() and at(third) == where
-                await comm.write("done")
-            finally:
-                await comm.close()

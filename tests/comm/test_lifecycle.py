@@ -53,7 +53,7 @@ def resources() -> dict[str, Any]:
     threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("lci-progress"))
     lent = shm_budget.budget(ShmOptions.of(Settings.from_config()).budget).held
     return {"fds": len(fds), "segments mapped": len(maps), "progress threads": threads,
-            "shared memory lent": lent, "idle frame memory": frame_memory.idle_in_process()}
+            "shared memory lent": lent, "frame memory": frame_memory.held_by_process()}
 
 
 def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
@@ -65,7 +65,7 @@ def at_most(now: dict[str, Any], baseline: dict[str, Any]) -> bool:
         and now["segments mapped"] <= baseline["segments mapped"]
         and set(now["progress threads"]) <= set(baseline["progress threads"])
         and now["shared memory lent"] <= baseline["shared memory lent"]
-        and now["idle frame memory"] <= baseline["idle frame memory"]
+        and now["frame memory"] <= baseline["frame memory"]
     )
 
 

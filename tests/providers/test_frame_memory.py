@@ -125,15 +125,3 @@ async def test_the_loops_releaser_gives_everything_back_and_stops():
         await asyncio.sleep(period)
     assert memory.held_bytes == 0
     assert releaser._timer is None, "no timer runs once nothing is held"
-
-
-def test_dropping_the_free_regions_keeps_those_in_use():
-    memory, _ = _memory()
-    kept, _ = memory.take(MiB)
-    lease, _ = memory.take(3 * MiB)
-    del lease
-    assert memory.idle_bytes == 2 * SIZE_CLASS
-    memory.drop_free()
-    assert memory.held_bytes == SIZE_CLASS and memory.idle_bytes == 0
-    del kept
-    assert memory.idle_bytes == SIZE_CLASS

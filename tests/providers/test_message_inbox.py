@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dask_lcicomm.parcel import Limits, ProtocolError
-from dask_lcicomm.providers.message_inbox import FRAME_MEMORY_BYTES, Inbox
+from dask_lcicomm.providers.message_inbox import Inbox
 from dask_lcicomm.providers.message_rendezvous import MAX_ANNOUNCEMENT, read_message
 from dask_lcicomm.providers.message_tags import BULK, CONTROL, END, PROMPT, READ, READABLE, STREAM, WELCOME
 
@@ -286,32 +286,3 @@ def test_closing_hands_back_the_reads_in_flight():
     (request, buffer), = inbox.close()
     assert buffer.nbytes == 4 and not request.completed
     assert not inbox.busy
-
-
-class _Frames:
-    """Frame memory: records what it gave out."""
-
-    def __init__(self) -> None:
-        self.taken: list[bytearray] = []
-
-    def take(self, nbytes: int) -> tuple[bytearray, int]:
-        self.taken.append(bytearray(nbytes))
-        return self.taken[-1], 0
-
-
-def test_large_bulk_groups_land_in_frame_memory_and_small_ones_in_new_memory():
-    frames, receive, read = _Frames(), _Receive(), _Read({0x10: b"x" * FRAME_MEMORY_BYTES})
-    inbox = Inbox(Limits(), receive, read, frames)
-    inbox.arrived(BULK, 1, FRAME_MEMORY_BYTES, b"y" * FRAME_MEMORY_BYTES, welcomed=True)
-    inbox.arrived(PROMPT, 2, FRAME_MEMORY_BYTES - 1, b"z", welcomed=True)
-    inbox.arrived(STREAM, 1, FRAME_MEMORY_BYTES, b"s", welcomed=True)
-    _announce(inbox, receive, _readable(3, (0x10, 1, FRAME_MEMORY_BYTES)))
-    _reap(inbox)  # starts the read
-    assert [len(b) for b in frames.taken] == [FRAME_MEMORY_BYTES] * 2, "the bulk and the read group"
-    receive.requests[0].finish()
-    read.requests[0].finish()
-    _reap(inbox)
-    for number, memory in ((1, frames.taken[0]), (3, frames.taken[1])):
-        frame = inbox.take_bulk(number, 0, FRAME_MEMORY_BYTES)
-        frame[0] = 0xFF  # the frame is the frame memory's buffer
-        assert memory[0] == 0xFF
