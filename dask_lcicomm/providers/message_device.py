@@ -25,6 +25,7 @@ A peer that dies is reported by the fabric (:meth:`MessageDevice.peer_failed`).
 A fabric need not tell a peer that a handle closed while its process lives:
 an END behind everything sent says so, also when a device is closed abruptly.
 """
+
 from __future__ import annotations
 
 import logging
