@@ -281,7 +281,7 @@ class ListeningTcpFabric(TcpFabric):
         _, (host, port) = self.bind_listener(Listener(_no_device, _no_device), "127.0.0.1", 0)
         self.address = f"{host}:{port}"
         if rcvbuf:
-            for sock, _ in self._listening.values():
+            for sock, *_ in self._listening.values():
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
 
     def _expire(self, connection: Any) -> None:

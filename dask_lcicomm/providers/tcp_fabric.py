@@ -45,7 +45,9 @@ class TcpFabric(MessageFabric):
         self._epoll = select.epoll()
         self._connections: dict[int, Connection] = {}
         #: Listening sockets by descriptor, with their listener's number.
-        self._listening: dict[int, tuple[socket.socket, int]] = {}
+        #: Listening sockets by descriptor: the socket, its listener's number,
+        #: what adopts a connection accepted on it, and its address.
+        self._listening: dict[int, tuple[socket.socket, int, Callable[[socket.socket], None], str]] = {}
         self._taken: deque[tuple[int, int, Connection]] = deque()
         self._connecting: set[Connection] = set()
         self._take = lambda tag, nbytes, connection: self._taken.append((tag, nbytes, connection))
@@ -66,15 +68,18 @@ class TcpFabric(MessageFabric):
         except BaseException:
             self.stop_listening(number)
             raise
+        name = sock.getsockname()
+        where = address_of(name)
+        adopt = functools.partial(self._accepted, number=number, where=where)
         with self.lock:
-            self._listening[sock.fileno()] = (sock, number)
+            self._listening[sock.fileno()] = (sock, number, adopt, where)
             self._epoll.register(sock.fileno(), _IN)
-        return number, sock.getsockname()[:2]
+        return number, name[:2]
 
     def stop_listening(self, number: int) -> None:
         super().stop_listening(number)
         with self.lock:
-            for fd, (sock, owner) in list(self._listening.items()):
+            for fd, (sock, owner, _, _) in list(self._listening.items()):
                 if owner == number:
                     del self._listening[fd]
                     self._epoll.unregister(fd)
@@ -180,9 +185,8 @@ class TcpFabric(MessageFabric):
         for fd, events in self._epoll.poll(0):
             listening = self._listening.get(fd)
             if listening is not None:
-                sock, number = listening
-                where = address_of(sock.getsockname())
-                accept_ready(sock, functools.partial(self._accepted, number=number, where=where), where)
+                sock, _, adopt, where = listening
+                accept_ready(sock, adopt, where)
                 continue
             connection = self._connections.get(fd)
             if connection is None:
@@ -204,7 +208,7 @@ class TcpFabric(MessageFabric):
         error = ConnectionResetError("the tcp fabric endpoint closed")
         for connection in list(self._connections.values()):
             self._close(connection, error)
-        for sock, _ in self._listening.values():
+        for sock, *_ in self._listening.values():
             sock.close()
         self._listening.clear()
         self._epoll.close()
