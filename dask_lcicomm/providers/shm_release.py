@@ -38,7 +38,9 @@ class MemoryReleaser:
     """The watched devices of one event loop and the timer that looks at them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
-        self._loop = loop
+        # Weakly: releaser() keeps a loop's releasers as long as the loop
+        # lives, which a strong reference from them would make forever.
+        self._loop = weakref.ref(loop)
         self._period = period
         self._lock = threading.Lock()
         self._watched: set[Releasing] = set()
@@ -52,7 +54,9 @@ class MemoryReleaser:
             if self._timer is not None or self._arming:
                 return
             self._arming = True
-        self._loop.call_soon_threadsafe(self._arm)
+        loop = self._loop()
+        if loop is not None:
+            loop.call_soon_threadsafe(self._arm)
 
     def forget(self, device: Releasing) -> None:
         """``device`` is gone; the timer stops when nothing else is watched."""
@@ -60,12 +64,14 @@ class MemoryReleaser:
             self._watched.discard(device)
 
     def _arm(self) -> None:
+        loop = self._loop()  # alive: it runs this
         with self._lock:
             self._arming = False
-            if self._timer is None and self._watched:
-                self._timer = self._loop.call_later(self._period, self._look)
+            if self._timer is None and self._watched and loop is not None:
+                self._timer = loop.call_later(self._period, self._look)
 
     def _look(self) -> None:
+        loop = self._loop()
         with self._lock:
             self._timer = None
             watched = list(self._watched)
@@ -73,8 +79,8 @@ class MemoryReleaser:
         with self._lock:
             # One that sent meanwhile stays: its watch() found it watched.
             self._watched.difference_update(device for device in done if not device.sent)
-            if self._watched and not self._loop.is_closed():
-                self._timer = self._loop.call_later(self._period, self._look)
+            if self._watched and loop is not None and not loop.is_closed():
+                self._timer = loop.call_later(self._period, self._look)
 
 
 _releasers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, MemoryReleaser]] = (
