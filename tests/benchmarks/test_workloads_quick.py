@@ -25,6 +25,7 @@ from benchmarks.workloads import (
     medians,
     report_page,
     rotated,
+    upload_seconds,
     worker_comm_seconds,
 )
 from dask_lcicomm.testing.netns import remove_left_behind, unavailable
@@ -48,7 +49,7 @@ def test_every_workload_measured_on_each_scheme(quick_run: dict[str, Any]) -> No
     for r in data["records"]:
         assert r["seconds"] > 0 and r["cpu_seconds"] > 0 and r["peak_mib"] > 0
         assert 0 <= r["system_seconds"] <= r["cpu_seconds"] and r["minor_faults"] > 0
-        assert 0 <= r["share"] <= 1
+        assert 0 <= r["share"] <= 1 and 0 <= r["upload_seconds"] <= r["seconds"]
     assert data["sources"] == {w.name: w.source for w in WORKLOADS}
 
 
@@ -64,6 +65,8 @@ def test_data_moving_workloads_show_communication(quick_run: dict[str, Any]) -> 
     by_name = {r["workload"]: r for r in quick_run["data"]["records"] if r["scheme"] == "tcp"}
     for name in ("rechunk-tasks", "shuffle-p2p", "join-p2p"):
         assert by_name[name]["comm_seconds"] > 0, name
+    for name in NAMES:  # every workload sends the scheduler at least one graph
+        assert by_name[name]["upload_seconds"] > 0, name
 
 
 def test_table_has_every_workload_and_a_geometric_mean(quick_run: dict[str, Any]) -> None:
@@ -103,11 +106,24 @@ def test_worker_comm_seconds_counts_transfers_only() -> None:
     assert worker_comm_seconds(worker) == 3.5
 
 
+def test_upload_seconds_pairs_each_graph_sent_with_the_start_that_follows_it() -> None:
+    def started(at: float) -> tuple[float, dict[str, Any]]:
+        return at + 1, {"action": "update-graph", "metrics": {"start_timestamp_seconds": at}}
+
+    events = [started(9.0), (10.1, {"action": "add-worker"}), started(10.5), started(11.2),
+              (11.5, {"action": "update-graph", "status": "error"}), started(12.0)]
+    # 9.0 precedes the first graph sent; 12.0 is a later graph's.
+    assert math.isclose(upload_seconds(events, [10.0, 11.0]), 0.5 + 0.2)
+    assert upload_seconds(events, []) == 0.0
+    with pytest.raises(RuntimeError, match="1 of 2 graphs"):
+        upload_seconds(events[:3], [10.0, 11.0])
+
+
 def _record(scheme: str, workload: str, seconds: float, round_index: int = 0,
             run: int = 0) -> dict[str, Any]:
     return {"setting": "local-2", "scheme": scheme, "workload": workload, "round": round_index,
             "run": run, "seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
-            "comm_seconds": seconds / 4, "graph_seconds": 0.0, "share": 0.25}
+            "comm_seconds": seconds / 4, "upload_seconds": 0.0, "graph_seconds": 0.0, "share": 0.25}
 
 
 def test_medians_skip_errors_and_ratios_form_a_geometric_mean() -> None:
