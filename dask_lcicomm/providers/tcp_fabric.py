@@ -44,7 +44,6 @@ class TcpFabric(MessageFabric):
         super().__init__(loop, progress)
         self._epoll = select.epoll()
         self._connections: dict[int, Connection] = {}
-        #: Listening sockets by descriptor, with their listener's number.
         #: Listening sockets by descriptor: the socket, its listener's number,
         #: what adopts a connection accepted on it, and its address.
         self._listening: dict[int, tuple[socket.socket, int, Callable[[socket.socket], None], str]] = {}
