@@ -181,7 +181,9 @@ class RingReader:
         if self._tail == self._head:
             self.asleep = True
             return True
+        # Awake again: the sender, seeing the flag cleared, will not ring.
         region.exchange(ASLEEP, 0)
+        self.asleep = False
         return False
 
     def woken(self) -> None:

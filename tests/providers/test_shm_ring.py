@@ -102,6 +102,17 @@ def test_sleeping_finds_bytes_that_arrived_meanwhile(ring):
     assert drain(reader) == b"late"
 
 
+def test_a_sleeper_that_finds_bytes_is_awake_again(ring):
+    """Asleep, then bytes published as it looks again: it clears its flag,
+    so no doorbell comes, and it must say it is awake (or nobody reads on)."""
+    writer, reader, _ = ring
+    assert reader.sleep() and reader.asleep
+    writer.write([b"raced"])  # published; the writer has not looked at the flag yet
+    assert not reader.sleep()
+    assert not writer.wake_receiver()
+    assert not reader.asleep
+
+
 @pytest.mark.parametrize("tail", [PAGE + 1, 2**64 - 1])
 def test_a_tail_beyond_the_ring_is_a_protocol_error(ring, tail):
     _, reader, sender = ring
