@@ -183,12 +183,12 @@ class MemoryFabric(MessageFabric):
         buffer[:] = np.frombuffer(region[offset : offset + buffer.nbytes], np.uint8)
         return _Request(completed=True)
 
-    def take(self) -> tuple[int, int, Any] | None:
+    def take(self) -> tuple[int, int, Any, Any] | None:
         with self._queue_lock:
             if not self._queue:
                 return None
             message = self._queue.popleft()
-        return message.tag, len(message.data), message
+        return message.tag, len(message.data), message, None
 
     def receive(self, message: Any, buffer: np.ndarray) -> _Request:
         n = min(len(message.data), buffer.nbytes)

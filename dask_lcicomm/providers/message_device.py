@@ -153,6 +153,12 @@ class MessageDevice(RoutedDevice):
             return self._release_ready()
 
     def post(self, vc: int, unit: Unit, token: Any = None) -> None:
+        # No bulk groups, and no parcel held (on any virtual connection: the
+        # one writer of ours that could have put one came first): LCI's post,
+        # queued and tried under one hold of the lock.
+        if not self._held and not (type(unit) is OutgoingParcel and unit.has_bulk):
+            super().post(vc, unit, token)
+            return
         self.put(vc, unit, token)
         self.flush()
 
@@ -317,7 +323,10 @@ class MessageDevice(RoutedDevice):
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
                 if batch_bytes >= self._batch_bytes or i == last:
-                    self._post(b"".join(batch), STREAM, self._prompt_sent, batch_bytes, None)
+                    # Joined, unless one immutable buffer: a finished write no
+                    # longer reads the caller's memory.
+                    message = batch[0] if len(batch) == 1 and type(batch[0]) is bytes else b"".join(batch)
+                    self._post(message, STREAM, self._prompt_sent, batch_bytes, None)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
         if not n:
@@ -326,7 +335,7 @@ class MessageDevice(RoutedDevice):
 
     def _reap_sends(self) -> bool:
         """Finish the sends the fabric has completed (under its lock)."""
-        reaped = self._post_unposted()
+        reaped = self._post_unposted() if self._unposted else False
         for request, nbytes, _, held in self._inflight.finished():
             self._inflight_bytes -= nbytes
             self._completed(request, held)
@@ -343,10 +352,10 @@ class MessageDevice(RoutedDevice):
 
     # -- receiving (under the fabric's lock) --------------------------------
 
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> None:
         if self._violation is not None:
             raise ProtocolError(self._violation)
-        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._peer_route))
+        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._peer_route), data=data)
 
     def reap(self) -> bool:
         inbox = self._inbox

@@ -38,7 +38,7 @@ from dask_lcicomm.parcel import ProtocolError
 from dask_lcicomm.providers.base import Device, Progress, SharedSource, connect_timeout
 from dask_lcicomm.providers.message_routes import Answer, Listener, RoutedDevice
 from dask_lcicomm.providers.message_tags import CONTROL, NUMBER_BITS, NUMBER_MASK
-from dask_lcicomm.providers.message_verbs import Request, Rma
+from dask_lcicomm.providers.message_verbs import DONE, Request, Rma
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +121,12 @@ class MessageFabric(SharedSource):
         the fabric cannot take it now (retry after progress)."""
 
     @abstractmethod
-    def take(self) -> tuple[int, int, Any] | None:
+    def take(self) -> tuple[int, int, Any, Any] | None:
         """The next message in the queue of unexpected ones, taken out of
-        it: its tag, its length and a handle for :meth:`receive`; None when
-        there is none."""
+        it: its tag, its length, a handle for :meth:`receive`, and its bytes
+        where the fabric has them whole already (a writable buffer of the
+        message's length: nothing to receive; LCI's medium messages), else
+        None; None when there is none."""
 
     @abstractmethod
     def receive(self, message: Any, buffer: np.ndarray) -> Request:
@@ -324,38 +326,42 @@ class MessageFabric(SharedSource):
             taken = self.take()
             if taken is None:
                 return True
-            value, nbytes, message = taken
+            value, nbytes, message, data = taken
             route, kind, number = value >> 32, (value >> NUMBER_BITS) & 3, value & NUMBER_MASK
             if route == 0:
                 if kind == CONTROL:
-                    self._take_hello(nbytes, message)
+                    self._take_hello(nbytes, message, data)
                 else:
-                    self._drop(nbytes, message)
+                    self._drop(nbytes, message, data)
                 continue
             device = self._routes.get(route)
             if device is None:
-                self._drop(nbytes, message)
+                self._drop(nbytes, message, data)
                 continue
             try:
-                device.arrived(kind, number, nbytes, message)
+                device.arrived(kind, number, nbytes, message, data)
             except ProtocolError as e:
-                self._drop(nbytes, message)
+                self._drop(nbytes, message, data)
                 device.violated(str(e))
             else:
                 self._busy.add(device)
             news.add(device)
         return False
 
-    def _drop(self, nbytes: int, message: Any) -> None:
+    def _drop(self, nbytes: int, message: Any, data: Any) -> None:
         """Take a message nobody may have off the fabric, reading at most a
         few bytes of it (the fabric truncates the rest)."""
-        buffer = np.empty(min(nbytes, 8), np.uint8)
-        self._orphans.append((self.receive(message, buffer), buffer))
+        if data is None:
+            buffer = np.empty(min(nbytes, 8), np.uint8)
+            self._orphans.append((self.receive(message, buffer), buffer))
 
-    def _take_hello(self, nbytes: int, message: Any) -> None:
+    def _take_hello(self, nbytes: int, message: Any, data: Any) -> None:
         if nbytes > _MAX_HELLO_BYTES:
             logger.warning("dropping a %d-byte %s hello", nbytes, self.provider)
-            self._drop(nbytes, message)
+            self._drop(nbytes, message, data)
+            return
+        if data is not None:
+            self._hellos.append((DONE, np.frombuffer(data, np.uint8), message))
             return
         buffer = np.empty(nbytes, np.uint8)
         self._hellos.append((self.receive(message, buffer), buffer, message))

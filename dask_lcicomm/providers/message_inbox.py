@@ -42,7 +42,7 @@ from dask_lcicomm.providers.message_tags import (
     STREAM,
     WELCOME,
 )
-from dask_lcicomm.providers.message_verbs import Request
+from dask_lcicomm.providers.message_verbs import DONE, Request
 
 _HALF = 1 << (NUMBER_BITS - 1)
 
@@ -96,28 +96,34 @@ class Inbox:
         """Whether the fabric is receiving for this inbox."""
         return bool(self._receiving or self._prompt or self._notices or self._reading)
 
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any, welcomed: bool) -> None:
-        """Receive ``message``, or raise ``ProtocolError`` before allocating
-        anything. Before the peer is ``welcomed`` the only control message
-        it may send is its WELCOME, after it only its END."""
+    def arrived(
+        self, kind: int, number: int, nbytes: int, message: Any, welcomed: bool, data: Any = None
+    ) -> None:
+        """Receive ``message``, or take its ``data`` where it came with it;
+        or raise ``ProtocolError`` before allocating anything. Before the
+        peer is ``welcomed`` the only control message it may send is its
+        WELCOME, after it only its END."""
         if kind in (BULK, PROMPT):
             self._bulk_bytes += nbytes
             if self._bulk_bytes > self._max_bytes or len(self._bulk) >= self._max_count:
                 raise ProtocolError(f"bulk messages waiting exceed {self._max_bytes} bytes")
             if number in self._bulk:
                 raise ProtocolError(f"bulk message {number} arrived twice")
-            request, buffer = self._receive(nbytes, message)
+            request, buffer = self._receive(nbytes, message, data)
             self._bulk[number] = (request, buffer)
             if kind == PROMPT:
-                self._prompt.append(request)
                 self._prompt_seen += 1
+                if request is DONE and not self._prompt:
+                    self._prompt_done += 1
+                else:
+                    self._prompt.append(request)
             return
         if kind == CONTROL and number in (READABLE, READ) and welcomed:
             if number == READABLE and self._read_verb is None:
                 raise ProtocolError("a group announced for reading over a fabric without RMA")
             if nbytes > (MAX_ANNOUNCEMENT if number == READABLE else READ_BYTES):
                 raise ProtocolError(f"a {nbytes}-byte rendezvous message")
-            self._notices.append((*self._receive(nbytes, message), number))
+            self._notices.append((*self._receive(nbytes, message, data), number))
             return
         if nbytes > self._max_bytes:
             raise ProtocolError(f"a {nbytes}-byte stream message exceeds the limit")
@@ -127,13 +133,20 @@ class Inbox:
                 raise ProtocolError(f"a stream message waits for prompt bulk message {number}, "
                                     f"{self._prompt_seen} came")
             required = self._prompt_seen - behind
+            if data is not None and not self._receiving and required <= self._prompt_done:
+                # Whole and next in order: straight to the stream.
+                if nbytes:
+                    self.stream.append(memoryview(data))
+                return
         elif number == (END if welcomed else WELCOME):
             required = 0
         else:
             raise ProtocolError(f"an unexpected control message {number}")
-        self._receiving.append((*self._receive(nbytes, message), kind, number, required))
+        self._receiving.append((*self._receive(nbytes, message, data), kind, number, required))
 
-    def _receive(self, nbytes: int, message: Any) -> tuple[Request, np.ndarray]:
+    def _receive(self, nbytes: int, message: Any, data: Any) -> tuple[Request, np.ndarray]:
+        if data is not None:
+            return DONE, np.frombuffer(data, np.uint8)
         buffer = np.empty(nbytes, np.uint8)
         return self._receive_verb(message, buffer), buffer
 

@@ -19,9 +19,10 @@ class RoutedDevice(Device):
     route: int
 
     @abstractmethod
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any) -> None:
-        """Receive ``message`` (a handle from :meth:`MessageFabric.take`), or
-        raise ``ProtocolError`` before receiving anything."""
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> None:
+        """Receive ``message`` (a handle from :meth:`MessageFabric.take`),
+        or take its ``data`` where it came with it; or raise
+        ``ProtocolError`` before receiving anything."""
 
     @abstractmethod
     def reap(self) -> bool:

@@ -18,6 +18,18 @@ class Request(Protocol):
         """Raise what made the request fail, if anything did."""
 
 
+class _Done:
+    __slots__ = ()
+    completed = True
+
+    def check_error(self) -> None:
+        pass
+
+
+#: The request of a message that came with its bytes: nothing to wait for.
+DONE: Request = _Done()
+
+
 class Rma(Protocol):
     """The verbs of a fabric that reads peers' memory (LCI's one-sided get),
     called under the fabric's lock."""

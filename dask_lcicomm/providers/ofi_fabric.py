@@ -105,7 +105,7 @@ class OfiFabric(MessageFabric):
         self._entries: dict[str, list[int]] = {}
         self._watched: dict[_Peer, Callable[[], None]] = {}
         self._peeking = False
-        self._peeked: tuple[int, int, int] | None = None
+        self._peeked: tuple[int, int, int, None] | None = None
         self._probe_interval = options.probe_interval
         self._retry_limit = options.unreachable_after
         self._probing = False
@@ -167,7 +167,7 @@ class OfiFabric(MessageFabric):
         request = self._requests[number] = _Request(on_error=on_error)
         return request
 
-    def take(self) -> tuple[int, int, Any] | None:
+    def take(self) -> tuple[int, int, Any, Any] | None:
         if self._peeked is None and not self._peeking:
             if not self._endpoint.peek(_PEEK):
                 return None
@@ -210,7 +210,7 @@ class OfiFabric(MessageFabric):
                 if number == _PEEK:
                     self._peeking = False
                     if not error:
-                        self._peeked = (tag, nbytes, claim)
+                        self._peeked = (tag, nbytes, claim, None)
                     elif error != _ofi.ENOMSG:
                         logger.warning("libfabric failed a peek: %s", os.strerror(error))
                     continue

@@ -6,10 +6,11 @@ Each end writes an 8-byte preface first, so that a peer that is not an
 not at a timeout. A message is a 16-byte header (tag, length; little-endian)
 and its bytes. Sends queued behind a full socket leave gathered, in few
 writes. What arrives is read into a staging buffer, from which headers and
-small messages are taken; a receive copies what is staged and reads the rest
-of its message straight into its buffer, so a large one is copied by nobody
-but the kernel. A message taken is read on only once received, and nothing
-is allocated by a length read off the wire.
+small messages are taken, a message staged whole with its bytes; a receive
+copies what is staged and reads the rest of its message straight into its
+buffer, so a large one is copied by nobody but the kernel. A message taken
+without its bytes is read on only once received, and nothing is allocated by
+a length read off the wire.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dask_lcicomm.providers import message_verbs
 from dask_lcicomm.providers.send_queue import IOV_MAX
 
 HEADER = struct.Struct("<QQ")
@@ -38,6 +40,19 @@ _NO_BUFFERS: deque[memoryview] = deque()
 
 class NotAnEndpoint(ConnectionAbortedError):
     """The peer began with something else than the preface."""
+
+
+def _advance(buffers: deque[memoryview], n: int) -> int:
+    """Drop the first ``n`` bytes of ``buffers``; what is left of ``n`` once
+    all are gone."""
+    while buffers:
+        head = buffers[0]
+        if n < head.nbytes:
+            buffers[0] = head[n:]
+            return 0
+        n -= head.nbytes
+        buffers.popleft()
+    return n
 
 
 class Request:
@@ -62,13 +77,16 @@ class Request:
 
 
 class Connection:
-    """A socket to a peer. ``taken(tag, nbytes, connection)`` hears of each
-    message whose header arrived; the message is then received with
+    """A socket to a peer. ``taken(tag, nbytes, connection, data)`` hears of
+    each message whose header arrived: with its bytes (``data``) if they
+    came with it, else (``data`` None) the message is received with
     :meth:`receive` before anything after it is read. Reading and writing
     raise what the socket raises, and :class:`NotAnEndpoint`; the owner
     closes the connection then (:meth:`fail`)."""
 
-    def __init__(self, sock: socket.socket, taken: Callable[[int, int, Connection], None]) -> None:
+    def __init__(
+        self, sock: socket.socket, taken: Callable[[int, int, Connection, bytearray | None], None]
+    ) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self._taken = taken
@@ -97,15 +115,27 @@ class Connection:
 
     # -- sending ---------------------------------------------------------
 
-    def send(self, tag: int, message: Any) -> Request:
-        """Queue ``message`` behind the sends before it."""
+    def send(self, tag: int, message: Any) -> message_verbs.Request:
+        """Queue ``message`` behind the sends before it; with none before
+        it, write it at once: a send the socket took whole is done."""
         data = memoryview(message).cast("B")
         header = memoryview(HEADER.pack(tag, data.nbytes))
-        request = Request(deque((header, data) if data.nbytes else (header,)))
+        buffers = (header, data) if data.nbytes else (header,)
         if self.error is not None:
+            request = Request()
             request.fail(self.error)
-        else:
-            self.sends.append(request)
+            return request
+        n = 0
+        if not self.sends:
+            try:
+                n = self.sock.sendmsg(buffers)
+            except OSError:
+                pass  # write() meets it again, and the owner closes the connection then
+            if n == header.nbytes + data.nbytes:
+                return message_verbs.DONE
+        request = Request(deque(buffers))
+        _advance(request.buffers, n)
+        self.sends.append(request)
         return request
 
     def write(self) -> None:
@@ -124,14 +154,8 @@ class Connection:
                 return
             full = n < sum(buffer.nbytes for buffer in iov)
             while n:
-                buffers = sends[0].buffers
-                head = buffers[0]
-                if n < head.nbytes:
-                    buffers[0] = head[n:]
-                    break
-                n -= head.nbytes
-                buffers.popleft()
-                if not buffers:
+                n = _advance(sends[0].buffers, n)
+                if not sends[0].buffers:
                     sends.popleft().completed = True
             if full:
                 return
@@ -231,7 +255,8 @@ class Connection:
         self._parse()
 
     def _parse(self) -> None:
-        """Take the next message header staged, if whole."""
+        """Take the messages staged: each staged whole with its bytes, up to
+        the first whose header alone is, which is received before the next."""
         if self._preface:
             if self._staged_bytes < len(PREFACE):
                 return
@@ -241,12 +266,17 @@ class Connection:
                                     "not an lci:// endpoint's preface")
             self._start += len(PREFACE)
             self._preface = False
-        if self.incoming is not None or self._staged_bytes < HEADER.size:
-            return
-        tag, nbytes = HEADER.unpack_from(self._stage, self._start)
-        self._start += HEADER.size
-        self.incoming = nbytes
-        self._taken(tag, nbytes, self)
+        while self.incoming is None and self._end - self._start >= HEADER.size:
+            tag, nbytes = HEADER.unpack_from(self._stage, self._start)
+            start = self._start + HEADER.size
+            if nbytes > self._end - start:
+                self._start = start
+                self.incoming = nbytes
+                self._taken(tag, nbytes, self, None)
+                return
+            # Staged whole (so no larger than the stage): taken with its bytes.
+            self._start = start + nbytes
+            self._taken(tag, nbytes, self, bytearray(self._staged[start : self._start]))
 
     # -- failure ---------------------------------------------------------
 

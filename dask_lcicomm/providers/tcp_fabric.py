@@ -23,6 +23,7 @@ from typing import Any
 import dask.config
 import numpy as np
 
+from dask_lcicomm.providers import message_verbs
 from dask_lcicomm.providers.base import Progress, connect_timeout
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_routes import Answer, Listener
@@ -47,9 +48,9 @@ class TcpFabric(MessageFabric):
         #: Listening sockets by descriptor: the socket, its listener's number,
         #: what adopts a connection accepted on it, and its address.
         self._listening: dict[int, tuple[socket.socket, int, Callable[[socket.socket], None], str]] = {}
-        self._taken: deque[tuple[int, int, Connection]] = deque()
+        self._taken: deque[tuple[int, int, Connection, bytearray | None]] = deque()
         self._connecting: set[Connection] = set()
-        self._take = lambda tag, nbytes, connection: self._taken.append((tag, nbytes, connection))
+        self._take = lambda *taken: self._taken.append(taken)
         # Hellos are answered over the connection they came by, not by address.
         self.address = ""
 
@@ -164,13 +165,13 @@ class TcpFabric(MessageFabric):
         if peer.handles <= 0:
             self._close(peer, ConnectionResetError("the connection was closed"))
 
-    def send(self, peer: Any, tag: int, message: Any) -> Request:
+    def send(self, peer: Any, tag: int, message: Any) -> message_verbs.Request:
         request = peer.send(tag, message)
         if len(peer.sends) == 1 and peer not in self._connecting:
             self._write(peer)
         return request
 
-    def take(self) -> tuple[int, int, Any] | None:
+    def take(self) -> tuple[int, int, Any, Any] | None:
         return self._taken.popleft() if self._taken else None
 
     def receive(self, message: Any, buffer: np.ndarray) -> Request:

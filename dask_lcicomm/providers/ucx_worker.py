@@ -47,11 +47,11 @@ class UcxWorker(MessageFabric):
     def send(self, peer: Any, tag: int, message: Any) -> Request:
         return peer.tag_send(array(message), self._tag(tag))
 
-    def take(self) -> tuple[int, int, Any] | None:
+    def take(self) -> tuple[int, int, Any, Any] | None:
         probe = self.worker.tag_probe(*self._tags, remove=True)
         if not probe.matched:
             return None
-        return probe.sender_tag.value, probe.length, probe
+        return probe.sender_tag.value, probe.length, probe, None
 
     def receive(self, message: Any, buffer: np.ndarray) -> Request:
         return self.worker.tag_recv_with_handle(array(buffer), message)

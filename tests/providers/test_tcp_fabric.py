@@ -66,7 +66,7 @@ async def _until(fabric, predicate, timeout=5.0):
 
 
 async def _taken(fabric):
-    """The next message taken off ``fabric``: tag, length, handle."""
+    """The next message taken off ``fabric``: tag, length, handle, bytes."""
     taken = []
     await _until(fabric, lambda: bool(taken.append(fabric.take()) or taken[-1]))
     return taken[-1]
@@ -101,17 +101,40 @@ def _raw_peer(address) -> socket.socket:
 
 @gen_test(timeout=30)
 async def test_a_message_is_framed_and_a_short_receive_truncates_it():
+    """A message larger than the stage is received; a short buffer
+    truncates it and the rest is skipped. One staged whole comes with its
+    bytes, writable."""
+    large = np.arange(100_000, dtype=np.uint8).tobytes()
     with _fabric() as (fabric, address):
         peer = _raw_peer(address)
-        peer.sendall(PREFACE + _HEADER.pack(7, 100) + bytes(range(100))
-                     + _HEADER.pack(8, 3) + b"abc")
-        tag, nbytes, message = await _taken(fabric)
-        assert (tag, nbytes) == (7, 100)
-        assert await _received(fabric, message, 8) == bytes(range(8))
-        # The rest of the first message was skipped: the next one is whole.
-        tag, nbytes, message = await _taken(fabric)
+        peer.setblocking(True)
+        peer.sendall(PREFACE + _HEADER.pack(7, len(large)) + large + _HEADER.pack(8, 3) + b"abc")
+        tag, nbytes, message, data = await _taken(fabric)
+        assert (tag, nbytes, data) == (7, len(large), None)
+        assert await _received(fabric, message, 8) == large[:8]
+        tag, nbytes, message, data = await _taken(fabric)
         assert (tag, nbytes) == (8, 3)
-        assert await _received(fabric, message, 3) == b"abc"
+        assert isinstance(data, bytearray) and data == b"abc"
+        peer.close()
+
+
+@gen_test(timeout=30)
+async def test_messages_staged_whole_are_taken_in_order_up_to_one_that_is_not():
+    with _fabric() as (fabric, address):
+        peer = _raw_peer(address)
+        peer.setblocking(True)
+        peer.sendall(PREFACE + _HEADER.pack(1, 2) + b"ab" + _HEADER.pack(2, 0)
+                     + _HEADER.pack(3, 1 << 20) + b"x" * 10)
+        first, second, third = [await _taken(fabric) for _ in range(3)]
+        assert [first[::3], second[::3]] == [(1, b"ab"), (2, b"")]
+        assert (third[0], third[1], third[3]) == (3, 1 << 20, None)
+        # Nothing behind a message taken without its bytes until it is received.
+        peer.sendall(b"x" * ((1 << 20) - 10) + _HEADER.pack(4, 1) + b"y")
+        with fabric.lock:
+            fabric.poke()
+        assert fabric.take() is None
+        assert await _received(fabric, third[2], 1 << 20) == b"x" * (1 << 20)
+        assert (await _taken(fabric))[::3] == (4, b"y")
         peer.close()
 
 
@@ -192,7 +215,8 @@ async def test_sends_queued_behind_a_full_socket_are_written_together():
         def drained():
             while (taken := fabric.take()) is not None:
                 tags.append(taken[0])
-                fabric.receive(taken[2], np.empty(min(taken[1], 16), np.uint8))
+                if taken[3] is None:
+                    fabric.receive(taken[2], np.empty(min(taken[1], 16), np.uint8))
             return all(r.completed for r in requests) and len(tags) == 201
 
         await _until(fabric, drained, timeout=20)
