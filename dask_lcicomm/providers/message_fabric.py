@@ -344,7 +344,8 @@ class MessageFabric(SharedSource):
                 self._drop(nbytes, message, data)
                 device.violated(str(e))
             else:
-                self._busy.add(device)
+                if device.busy:
+                    self._busy.add(device)
             news.add(device)
         return False
 

@@ -210,10 +210,13 @@ class Connection:
                         staged = self._staged_bytes
                         self._stage[:staged] = self._staged[self._start : self._end]
                         self._start, self._end = 0, staged
+                    space = len(self._stage) - self._end
                     n = sock.recv_into(self._staged[self._end :])
                     if n:
                         self._end += n
                         self._fill()
+                        if n < space:
+                            return  # drained: the next event says when there is more
                         continue
             except (BlockingIOError, InterruptedError):
                 return
