@@ -9,14 +9,24 @@ import pytest
 from distributed.comm import connect, listen
 from distributed.utils_test import gen_test
 
+from dask_lcicomm.providers.message_device import MessageDevice
+from dask_lcicomm.providers.message_tags import STREAM
+
 
 async def _count_sends(aggregation: bool, nmessages: int, provider: str) -> int:
+    """How many times the device hands the fabric stream bytes: a stream
+    message of a message device, else a transmission."""
     sends = 0
 
-    def counting(self, buffers):
+    def counting_transmit(self, buffers):
         nonlocal sends
         sends += 1
-        return transmit(self, buffers)
+        return send(self, buffers)
+
+    def counting_post(self, message, kind, *rest):
+        nonlocal sends
+        sends += kind == STREAM
+        return send(self, message, kind, *rest)
 
     received: asyncio.Queue = asyncio.Queue()
 
@@ -33,15 +43,17 @@ async def _count_sends(aggregation: bool, nmessages: int, provider: str) -> int:
             comm = await connect(listener.contact_address)
             assert comm.extra_info["provider"] == provider
             device_class = type(comm._vconn._link.device)
-            transmit = device_class._transmit
-            device_class._transmit = counting
+            messages = issubclass(device_class, MessageDevice)
+            name, counting = ("_post", counting_post) if messages else ("_transmit", counting_transmit)
+            send = getattr(device_class, name)
+            setattr(device_class, name, counting)
             try:
                 for i in range(nmessages):
                     await comm.write(i)
                 await asyncio.sleep(0)
                 got = [await asyncio.wait_for(received.get(), 10) for _ in range(nmessages)]
             finally:
-                device_class._transmit = transmit
+                setattr(device_class, name, send)
             await comm.close()
     assert got == list(range(nmessages))
     return sends

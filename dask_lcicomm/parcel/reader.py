@@ -199,9 +199,18 @@ class ParcelDecoder:
         return events
 
     def feed(self, data: Buffer) -> list[Event]:
-        """Decode ``data`` (any length); a convenience over get_buffer."""
+        """Decode ``data`` (any length). With no bytes waiting before it,
+        it is parsed where it lies (frames are copies) and only what is left
+        of it, a parcel's beginning, is kept; else it joins them."""
         src = memoryview(data).cast("B")
         events: list[Event] = []
+        if self._buf is None and self._direct is None and src.nbytes:
+            self._view, self._start, self._end = src, 0, src.nbytes
+            try:
+                self._parse(events)
+                src = src[self._start :]
+            finally:
+                self._view, self._start, self._end = _NOTHING, 0, 0
         while src.nbytes:
             dst = self.get_buffer()
             n = min(dst.nbytes, src.nbytes)

@@ -19,8 +19,10 @@ them, as LCI's device serves every peer) hangs its devices on a
 reads the devices it names, instead of waiting on a descriptor per device.
 
 A provider implements the transport primitives: :meth:`Device.fileno`,
-:meth:`Device._transmit`, :meth:`Device._receive_into`,
-:meth:`Device._shutdown` and :meth:`Device._close_transport`. A provider
+:meth:`Device._transmit`, :meth:`Device._shutdown` and
+:meth:`Device._close_transport`, and :meth:`Device._receive_into` where it
+receives a byte stream (a device that receives messages decodes them in its
+own :meth:`Device.on_readable`). A provider
 whose ``fileno`` never becomes writable (shared memory: space in the peer's
 ring is signalled through the readable side) sets ``watch_writable`` to False
 and resumes blocked sends itself; one that stops reading early for fairness
@@ -195,9 +197,10 @@ class Device(ABC):
     def _transmit(self, buffers: deque[Any]) -> int:
         """Send a prefix of ``buffers`` without blocking; return the byte count."""
 
-    @abstractmethod
     def _receive_into(self, buffer: memoryview) -> int:
-        """Receive into ``buffer`` without blocking; 0 means end of stream."""
+        """Receive into ``buffer`` without blocking; 0 means end of stream.
+        Called by :meth:`on_readable` alone."""
+        raise NotImplementedError(f"{type(self).__name__} receives no byte stream")
 
     @abstractmethod
     def _close_transport(self) -> None:

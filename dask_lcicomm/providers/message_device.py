@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, dead_after
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, SendDone, dead_after
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_inbox import Inbox
@@ -154,13 +154,35 @@ class MessageDevice(RoutedDevice):
 
     def post(self, vc: int, unit: Unit, token: Any = None) -> None:
         # No bulk groups, and no parcel held (on any virtual connection: the
-        # one writer of ours that could have put one came first): LCI's post,
-        # queued and tried under one hold of the lock.
+        # one writer of ours that could have put one came first): one stream
+        # message at once, or LCI's post, queued and tried under one hold of
+        # the lock.
         if not self._held and not (type(unit) is OutgoingParcel and unit.has_bulk):
-            super().post(vc, unit, token)
+            if unit.nbytes > self._batch_bytes or not self._post_at_once(unit, token):
+                super().post(vc, unit, token)
             return
         self.put(vc, unit, token)
         self.flush()
+
+    def _post_at_once(self, unit: Unit, token: Any) -> bool:
+        """Post ``unit`` (no larger than a send batch) as one stream message
+        where nothing is queued before it, and say so: what a put and a
+        flush would do, without the send queue. False, touching nothing,
+        where that is not so."""
+        with self._lock:
+            if self._writing or not self._queue.idle or self._finishing:
+                return False
+            if self._lost is not None or self._failed is not None:
+                return False
+            with self._fabric.lock:
+                if self._unposted or self._inflight_bytes >= self._max_inflight:
+                    return False
+                buffers = unit.next_unit()
+                message = buffers[0] if len(buffers) == 1 and type(buffers[0]) is bytes else b"".join(buffers)
+                self._post(message, STREAM, self._prompt_sent, len(message), None)
+        if token is not None:
+            self.completion.push((self, SendDone(token)))
+        return True
 
     def hello(self, listener: int) -> None:
         """Ask the peer's listener numbered ``listener`` for its end (under
@@ -408,20 +430,19 @@ class MessageDevice(RoutedDevice):
             return self._fail(f"protocol error: {self._violation}", logging.WARNING, violation=True)
         self._release_held()
         self.resume_blocked_sends()
-        alive = super().on_readable()
-        if alive and self._failed is not None and not self._inbox.stream:
-            return self._fail(self._failed, logging.INFO)
-        return alive
-
-    def _receive_into(self, buffer: memoryview) -> int:
-        n = self._inbox.read_into(buffer)
-        if n:
-            return n
-        if self._inbox.ended:
-            return 0
+        decoder, push, inbox = self._decoder, self.completion.push, self._inbox
+        try:
+            while inbox.stream:
+                for event in decoder.feed(inbox.stream.popleft()):
+                    push((self, event))
+            if inbox.ended:
+                decoder.check_eof()
+                return self._fail("closed by peer", logging.DEBUG)
+        except ProtocolError as e:
+            return self._fail(f"protocol error: {e}", logging.WARNING, violation=True)
         if self._failed is not None:
-            raise ConnectionResetError(self._failed)
-        raise BlockingIOError
+            return self._fail(self._failed, logging.INFO)
+        return True
 
     # -- ending ----------------------------------------------------------
 

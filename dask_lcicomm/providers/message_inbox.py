@@ -86,7 +86,7 @@ class Inbox:
         self.acknowledge: list[int] = []
         #: Lent groups the peer has read, by number.
         self.returned: list[int] = []
-        #: Stream bytes received, not yet read.
+        #: Stream messages received in order, not yet decoded.
         self.stream: deque[memoryview] = deque()
         #: Whether the peer's END has been taken.
         self.ended = False
@@ -222,21 +222,6 @@ class Inbox:
         reads = Reads(requests)
         self._bulk[number] = (reads, buffer)
         self._reading.append((number, reads))
-
-    def read_into(self, buffer: memoryview) -> int:
-        """Copy stream bytes into ``buffer``; how many."""
-        stream = self.stream
-        n = 0
-        while stream and n < buffer.nbytes:
-            chunk = stream[0]
-            take = min(chunk.nbytes, buffer.nbytes - n)
-            buffer[n : n + take] = chunk[:take]
-            n += take
-            if take == chunk.nbytes:
-                stream.popleft()
-            else:
-                stream[0] = chunk[take:]
-        return n
 
     def take_bulk(self, number: int, offset: int, nbytes: int) -> memoryview:
         """The bulk group the peer sent as message ``number``: the frames.

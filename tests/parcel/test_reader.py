@@ -280,6 +280,20 @@ def test_feed_accepts_any_buffer_type():
         assert norm(ParcelDecoder().feed(wrap(data))) == expected
 
 
+def test_feed_keeps_no_view_of_what_it_was_fed():
+    """Fed with no bytes waiting, data is parsed where it lies: the frames
+    are copies, and a parcel's beginning left at its end is kept as a copy."""
+    first = encode_parcel(1, 0, [b"abc", b"defg"], 16, 64)
+    second = encode_parcel(1, 1, [b"xyz" * 5], 16, 64)
+    chunk = bytearray(first + second[:20])
+    dec = ParcelDecoder()
+    events = dec.feed(chunk)
+    chunk[:] = bytes(len(chunk))
+    assert norm(events) == [("msg", 1, 0, [b"abc", b"defg"])]
+    assert norm(dec.feed(second[20:])) == [("msg", 1, 1, [b"xyz" * 5])]
+    assert dec.idle
+
+
 # ---------------------------------------------------------------------------
 # Truncation
 # ---------------------------------------------------------------------------
@@ -474,7 +488,7 @@ def assert_refused_cheaply(data: bytes, match: str, limits: Limits, spy: Allocat
         tracemalloc.stop()
     assert peak < 256 * 1024, f"peak traced allocation {peak} bytes"
     assert all(n <= max(buffer_size, len(data), 4096) for n in spy.sizes), spy.sizes
-    assert len(dec._buf) <= max(buffer_size, len(data))
+    assert dec._buf is None or len(dec._buf) <= max(buffer_size, len(data))
 
 
 HUGE_CLAIMS = [
