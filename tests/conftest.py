@@ -100,7 +100,7 @@ def _fabric_devices(provider, loop, ends, sndbuf):
     devices = fabric_devices(loop, ends, "tcp", lambda loop, engine: ListeningTcpFabric(loop, engine, sndbuf))
     if sndbuf:
         for device in devices:
-            device._peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+            device.peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     return devices
 
 

@@ -266,7 +266,7 @@ def fabric_devices(loop, ends, name: str, make: Callable[..., MessageFabric]) ->
             devices.append(MessageDevice(
                 fabric, peer, 0, end.options, f"lci://{'ab'[i]}:1", f"lci://{'ba'[i]}:1"
             ))
-    devices[0]._peer_route, devices[1]._peer_route = devices[1].route, devices[0].route
+    devices[0]._outbox.route, devices[1]._outbox.route = devices[1].route, devices[0].route
     return devices
 
 
@@ -306,7 +306,7 @@ async def raw_send(sender, data: bytes, route: int, kind: int, number: int, peer
     deadline = time.monotonic() + 10
     while True:
         with fabric.lock:
-            request = fabric.send(peer or sender.device._peer, tag(route, kind, number), data)
+            request = fabric.send(peer or sender.device.peer, tag(route, kind, number), data)
             if request is not None:
                 if not request.completed:
                     fabric._orphans.append((request, data))

@@ -18,8 +18,9 @@ prompt ones sent before it, and the receiver reads the stream on only once
 they have arrived, which costs later parcels little and spares this one a
 round trip.
 
-What arrives is taken in order, within the limits, by the device's
-:class:`~.message_inbox.Inbox`.
+What it sends goes to the fabric in order through the device's
+:class:`~.message_outbox.Outbox`; what arrives is taken in order, within
+the limits, by its :class:`~.message_inbox.Inbox`.
 
 A peer that dies is reported by the fabric (:meth:`MessageDevice.peer_failed`).
 A fabric need not tell a peer that a handle closed while its process lives:
@@ -37,16 +38,16 @@ from typing import Any
 import numpy as np
 
 from dask_lcicomm.parcel import OutgoingParcel, ProtocolError
-from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, SendDone, dead_after
+from dask_lcicomm.providers.base import DeviceClosed, DeviceOptions, SendDone
 from dask_lcicomm.providers.held_parcels import Held, HeldParcels
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_inbox import Inbox
+from dask_lcicomm.providers.message_outbox import Outbox
 from dask_lcicomm.providers.message_rendezvous import Loans, read_message
 from dask_lcicomm.providers.message_routes import RoutedDevice
 from dask_lcicomm.providers.message_tags import (
     BULK,
     CONTROL,
-    END,
     NUMBER_MASK,
     PROMPT,
     READ,
@@ -54,13 +55,10 @@ from dask_lcicomm.providers.message_tags import (
     STREAM,
     WELCOME,
     peer_route,
-    tag,
     welcome_message,
 )
 from dask_lcicomm.providers.message_verbs import Request
-from dask_lcicomm.providers.retry_line import RetryLine
 from dask_lcicomm.providers.send_queue import Unit
-from dask_lcicomm.providers.sends_in_flight import SendsInFlight
 
 logger = logging.getLogger(__name__)
 
@@ -92,37 +90,30 @@ class MessageDevice(RoutedDevice):
         # Stream bytes the fabric may hold before writers wait: back-pressure when
         # the peer takes them more slowly than they are written.
         self._max_inflight = _INFLIGHT_BATCHES * options.batch_bytes
-        self._peer = peer
-        #: Where the peer receives: 0 until its WELCOME says.
-        self._peer_route = peer_route
+        self._outbox = Outbox(fabric, peer, self, self._note_failure, self._unreachable)
+        self._outbox.route = peer_route
         #: Told the peer's WELCOME (None) or why none will come.
         self.on_welcome: Callable[[str | None], None] | None = None
         # Lock order: held, then the device lock, then the fabric's.
         self._held_lock = threading.Lock()
         self._failed: str | None = None
         self._violation: str | None = None
-        # Send side: parcels waiting for their bulk messages; requests the
-        # fabric has not finished.
+        # Send side: parcels waiting for their bulk messages.
         self._held = HeldParcels()
         self._finish_when_sent = False
-        # The output ends once the fabric has finished the sends in flight.
-        self._end_after_sends = False
-        self._inflight = SendsInFlight()
-        self._inflight_bytes = 0
-        # Messages the fabric answered "retry" to; whether it ever took a send.
-        self._unposted = RetryLine()
-        self._reached = False
-        self._dead_after = dead_after()
         self._bulk_sent = 0
         self._prompt_sent = 0
         self._prompt_bytes = options.batch_bytes
-        #: Whether our END is posted.
-        self._ended = False
         self.route = fabric.add(self)
         fabric.watch(peer, self)
 
     def fileno(self) -> int:
         return self._fabric.fileno()
+
+    @property
+    def peer(self) -> Any:
+        """The fabric's handle of the peer; None once closed."""
+        return self._outbox.peer
 
     @property
     def input_pending(self) -> bool:
@@ -175,11 +166,11 @@ class MessageDevice(RoutedDevice):
             if self._lost is not None or self._failed is not None:
                 return False
             with self._fabric.lock:
-                if self._unposted or self._inflight_bytes >= self._max_inflight:
+                if self._outbox.unposted or self._outbox.inflight_bytes >= self._max_inflight:
                     return False
                 buffers = unit.next_unit()
                 message = buffers[0] if len(buffers) == 1 and type(buffers[0]) is bytes else b"".join(buffers)
-                self._post(message, STREAM, self._prompt_sent, len(message), None)
+                self._outbox.post(message, STREAM, self._prompt_sent, len(message))
         if token is not None:
             self.completion.push((self, SendDone(token)))
         return True
@@ -188,7 +179,7 @@ class MessageDevice(RoutedDevice):
         """Ask the peer's listener numbered ``listener`` for its end (under
         the fabric's lock)."""
         message = self._fabric.hello(listener, self.route, self.local_address, self.peer_address)
-        self._post(message, CONTROL, 0, 0, None)
+        self._outbox.post(message, CONTROL, 0)
 
     def _fits_prompt(self, parcel: OutgoingParcel) -> bool:
         return all(
@@ -198,7 +189,7 @@ class MessageDevice(RoutedDevice):
 
     def _read(self, buffer: np.ndarray, address: int, key: int) -> Request:
         assert self._fabric.rma is not None
-        return self._fabric.rma.read(self._peer, buffer, address, key)
+        return self._fabric.rma.read(self.peer, buffer, address, key)
 
     def _send_bulk(self, parcel: OutgoingParcel, held: Held | None) -> None:
         """Send each bulk group of ``parcel`` as a message of its own; the
@@ -211,77 +202,23 @@ class MessageDevice(RoutedDevice):
                 self._bulk_sent += 1
                 readable = None if held is None else self._loans.lend(number, views, held)
                 if readable is not None:
-                    self._post(readable, CONTROL, READABLE, 0, None)
+                    self._outbox.post(readable, CONTROL, READABLE)
                     continue
                 message = views[0] if len(views) == 1 else b"".join(views)
                 if held is None:
                     self._prompt_sent += 1
                 else:
                     held.bulk_out += 1
-                self._post(message, BULK if held else PROMPT, number, 0, held)
+                self._outbox.post(message, BULK if held else PROMPT, number, 0, held)
 
     def welcome(self) -> None:
         """Answer the peer's hello with our route (under the fabric's lock)."""
-        self._post(welcome_message(self.route), CONTROL, WELCOME, 0, None)
-
-    def _post(self, message: Any, kind: int, number: int, nbytes: int, held: Held | None) -> None:
-        """Hand ``message`` to the fabric (under its lock), behind the
-        messages it answered "retry" to; ``nbytes`` of it count against the
-        stream's bytes in flight."""
-        self._inflight_bytes += nbytes
-        value = tag(self._peer_route, kind, number)
-        if not self._unposted:
-            request = self._fabric.send(self._peer, value, message)
-            if request is not None:
-                self._posted(request, message, nbytes, held)
-                return
-        self._unposted.append((message, value, nbytes, held))
-        self._fabric.retry_later(self)
-
-    def _posted(self, request: Request, message: Any, nbytes: int, held: Held | None) -> None:
-        self._reached = True
-        if request.completed:
-            self._inflight_bytes -= nbytes
-            self._completed(request, held)
-        else:
-            self._inflight.add((request, nbytes, message, held))
-            self._fabric.busy(self)
-
-    def _post_unposted(self) -> bool:
-        """Hand the fabric what it answered "retry" to, in order; True when
-        any went. A peer the fabric takes nothing for, for its
-        :attr:`~.MessageFabric.retry_limit`, is unreachable; once it took a
-        send, "retry" may be a busy peer's backpressure, and only Dask's
-        TCP timeout (:func:`~.base.dead_after`) without one makes it lost."""
-        posted = False
-        for request, (message, _, nbytes, held) in self._unposted.post(self._send_to_peer):
-            self._posted(request, message, nbytes, held)
-            posted = True
-        waited = self._unposted.waited if self._unposted else 0.0
-        limit = self._dead_after if self._reached else self._fabric.retry_limit
-        if waited > limit and self._failed is None:
-            why = "it is gone" if self._reached else "it cannot reach it"
-            self._unreachable(f"the {self.provider} fabric took no send to the peer "
-                              f"for {waited:.1f} s: {why}")
-            return True
-        return posted
-
-    def _send_to_peer(self, value: int, message: Any) -> Request | None:
-        return self._fabric.send(self._peer, value, message)
+        self._outbox.post(welcome_message(self.route), CONTROL, WELCOME)
 
     @property
     def unposted(self) -> bool:
         """Whether the fabric answered "retry" to a message not yet posted."""
-        return bool(self._unposted)
-
-    def _completed(self, request: Request, held: Held | None) -> None:
-        try:
-            request.check_error()
-        except Exception as e:
-            self._failed = self._failed or f"send failed: {type(e).__name__}: {e}"
-            return
-        if held is not None:
-            held.bulk_out -= 1
+        return self._outbox.unposted
 
     def _release_held(self) -> None:
         """Send the parcels whose bulk messages have all arrived; end the
@@ -319,7 +256,7 @@ class MessageDevice(RoutedDevice):
             if self._held:
                 self._finish_when_sent = True
                 return False
-        return super().finish() and not self._end_after_sends
+        return super().finish() and not self._outbox.ending
 
     def _lose(self, reason: str) -> list[Any] | None:
         tokens = super()._lose(reason)
@@ -336,11 +273,12 @@ class MessageDevice(RoutedDevice):
         n = 0
         batch: list[Any] = []
         batch_bytes = 0
+        outbox = self._outbox
         with self._fabric.lock:
-            self._reap_sends()
+            outbox.reap()
             last = len(buffers) - 1
             for i, buffer in enumerate(buffers):
-                if self._inflight_bytes >= self._max_inflight:
+                if outbox.inflight_bytes >= self._max_inflight:
                     break
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
@@ -348,60 +286,43 @@ class MessageDevice(RoutedDevice):
                     # Joined, unless one immutable buffer: a finished write no
                     # longer reads the caller's memory.
                     message = batch[0] if len(batch) == 1 and type(batch[0]) is bytes else b"".join(batch)
-                    self._post(message, STREAM, self._prompt_sent, batch_bytes, None)
+                    outbox.post(message, STREAM, self._prompt_sent, batch_bytes)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
         if not n:
             raise BlockingIOError
         return n
 
-    def _reap_sends(self) -> bool:
-        """Finish the sends the fabric has completed (under its lock)."""
-        reaped = self._post_unposted() if self._unposted else False
-        for request, nbytes, _, held in self._inflight.finished():
-            self._inflight_bytes -= nbytes
-            self._completed(request, held)
-            reaped = True
-        if self._end_after_sends and not self._inflight and not self._unposted:
-            self._end_after_sends = False
-            self._post_end()
-        return reaped
-
-    def _post_end(self) -> None:
-        """End the output (under the fabric's lock)."""
-        self._ended = True
-        self._post(b"", CONTROL, END, 0, None)
-
     # -- receiving (under the fabric's lock) --------------------------------
 
     def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> None:
         if self._violation is not None:
             raise ProtocolError(self._violation)
-        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._peer_route), data=data)
+        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._outbox.route), data=data)
 
     def reap(self) -> bool:
         inbox = self._inbox
-        reaped = self._reap_sends()
-        reaped = inbox.reap(self._welcomed, self._receive_failed) or reaped
+        reaped = self._outbox.reap()
+        reaped = inbox.reap(self._welcomed, self._note_failure) or reaped
         for number in inbox.acknowledge:
-            self._post(read_message(number), CONTROL, READ, 0, None)
+            self._outbox.post(read_message(number), CONTROL, READ)
         inbox.acknowledge.clear()
         for number in inbox.returned:
             self._loans.returned(number)
         inbox.returned.clear()
         return reaped or bool(inbox.stream)
 
-    def _receive_failed(self, reason: str) -> None:
+    def _note_failure(self, reason: str) -> None:
         self._failed = self._failed or reason
 
     @property
     def busy(self) -> bool:
         """Whether the fabric has work of this device under way."""
-        return bool(self._inflight or self._unposted or self._inbox.busy)
+        return self._outbox.busy or self._inbox.busy
 
     def _welcomed(self, message: np.ndarray) -> None:
         try:
-            self._peer_route = peer_route(message)
+            self._outbox.route = peer_route(message)
         except ProtocolError as e:
             self.violated(str(e))
             return
@@ -418,7 +339,7 @@ class MessageDevice(RoutedDevice):
 
     def _unreachable(self, reason: str) -> None:
         self._failed = self._failed or reason
-        if self.on_welcome is not None and not self._peer_route:
+        if self.on_welcome is not None and not self._outbox.route:
             self.on_welcome(self._failed)
 
     # -- progress (on the engine's thread) ---------------------------------
@@ -452,10 +373,7 @@ class MessageDevice(RoutedDevice):
         if both:
             return
         with self._fabric.lock:
-            if self._inflight or self._unposted:
-                self._end_after_sends = True
-            else:
-                self._post_end()
+            self._outbox.end()
 
     def _close_transport(self) -> None:
         self._decoder.placement = None
@@ -463,16 +381,12 @@ class MessageDevice(RoutedDevice):
         with fabric.lock:
             # The peer's fabric need not see a handle close while this
             # process lives: the END tells it, behind what is in flight.
-            if self._peer_route and not self._ended and self._failed is None:
-                self._post_end()
-            self._post_unposted()
-            if self._unposted:
+            peer = self.peer
+            dropped, sends = self._outbox.close(end=bool(self._outbox.route) and self._failed is None)
+            if dropped:
                 logger.info("%s device to %s closed with %d messages the fabric never took",
-                            self.provider, self.peer_address, len(self._unposted))
-                self._unposted.clear()
+                            self.provider, self.peer_address, dropped)
             self._loans.clear()
-            peer, self._peer = self._peer, None
             fabric.remove(self, self._inbox.close())
-            fabric.retire(peer, [(entry[0], entry[2]) for entry in self._inflight])
-            self._inflight.clear()
+            fabric.retire(peer, sends)
         fabric.settle()

@@ -111,7 +111,7 @@ async def test_a_peer_reached_once_is_lost_only_after_dasks_tcp_timeout(endpoint
     with dask.config.set(timeouts), endpoint_pair("loop", provider="memory") as (a, b):
         a.send(1, OutgoingParcel(1, 0, [bytes(4)], 1024, 65536))
         await b.wait_for(lambda ev: any(isinstance(e, Message) for e in ev))
-        a.device._peer.retries = 1 << 30
+        a.device.peer.retries = 1 << 30
         a.send(1, OutgoingParcel(1, 1, [b"late"], 1024, 65536))
         await asyncio.sleep(0.8)
         assert a.device.unposted and not lost(a.events)
