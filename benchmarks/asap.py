@@ -42,6 +42,7 @@ from typing import Any
 
 from distributed import Client
 
+from benchmarks._runner import format_number
 from benchmarks._testbed import testbed
 from benchmarks.report import markdown_table
 from dask_lcicomm.asap.client import train
@@ -132,6 +133,22 @@ def record(report: RunReport, target: float, model: str = "logreg",
         "max_iteration_gap": report.max_iteration_gap(), "spectral_gap": round(report.spectral_gap, 4),
         "diameter": report.diameter if report.diameter != float("inf") else None,
     }
+
+
+def records_table(records: list[dict[str, Any]]) -> str:
+    """A saved run (its records, as :func:`record` makes them): a row per record, a column per key."""
+    head = list(records[0])
+
+    def cell(value: Any) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, int):  # counts: workers, rounds, bytes
+            return f"{value:,}"
+        if isinstance(value, float):
+            return format_number(value)
+        return "-" if value is None else str(value)
+
+    return markdown_table(head, ([cell(record.get(key)) for key in head] for record in records))
 
 
 def _fmt(value: Any, spec: str) -> str:
