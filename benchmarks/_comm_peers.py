@@ -66,23 +66,26 @@ class Measurement:
 RunSpecs = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, None]]
 
 
-def server_main(conn: Connection, scheme: str) -> None:
-    """Echo/sink server until the parent closes the pipe (or sends anything)."""
-    asyncio.run(_serve(conn, scheme))
+def server_main(conn: Connection, scheme: str, listeners: int = 1) -> None:
+    """Echo/sink server on ``listeners`` listeners (``("ready", addresses)``) until the parent
+    closes the pipe (or sends anything)."""
+    asyncio.run(_serve(conn, scheme, listeners))
 
 
-async def _serve(conn: Connection, scheme: str) -> None:
-    listener = listen(f"{scheme}://127.0.0.1:0", _handle_comm)
-    await listener.start()
+async def _serve(conn: Connection, scheme: str, count: int) -> None:
+    listeners = [listen(f"{scheme}://127.0.0.1:0", _handle_comm) for _ in range(count)]
+    for listener in listeners:
+        await listener.start()
     try:
-        conn.send(("ready", listener.contact_address))
+        conn.send(("ready", [listener.contact_address for listener in listeners]))
         await asyncio.to_thread(conn.recv)
     except (EOFError, OSError):
         pass  # the parent closed its end
     finally:
-        stopped = listener.stop()
-        if inspect.isawaitable(stopped):
-            await stopped
+        for listener in listeners:
+            stopped = listener.stop()
+            if inspect.isawaitable(stopped):
+                await stopped
 
 
 async def _handle_comm(comm: Any) -> None:

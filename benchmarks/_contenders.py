@@ -5,12 +5,13 @@ rejected setting shows as a labelled column instead of failing every round."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._comm_peers import server_main
 from benchmarks._procs import PeerError, expect, report_origin, spawned
 
 #: The package a baseline build replaces in its processes.
@@ -93,17 +94,16 @@ def _installed(c: Configuration) -> Status:
         False, "not installed", f"no module {c.requires} (its extra is missing)")
 
 
-def probe(configurations: Sequence[Configuration], server: Callable[..., None]
-          ) -> dict[str, Status]:
+def probe(configurations: Sequence[Configuration]) -> dict[str, Status]:
     """Each contender's status before any round: installed, and, with overrides or another
-    build, a ``server`` child of it comes up listening, and one imports :data:`PACKAGE` from
+    build, a comm server of it comes up listening, and a child imports :data:`PACKAGE` from
     its ``pythonpath``."""
     status = {c.label: _installed(c) for c in configurations}
     started = [c for c in configurations if (c.dask_config or c.pythonpath)
                and status[c.label].available]
     with ExitStack() as stack:
         children = {c.label: (stack.enter_context(spawned(
-            server, c.scheme, name=f"{c.label}-probe", dask_config=c.overrides,
+            server_main, c.scheme, name=f"{c.label}-probe", dask_config=c.overrides,
             pythonpath=c.pythonpath)), c.pythonpath and stack.enter_context(spawned(
                 report_origin, PACKAGE, name=f"{c.label}-origin", pythonpath=c.pythonpath)))
             for c in started}

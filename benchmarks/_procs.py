@@ -3,7 +3,9 @@ round, and a crash or hang in one scheme cannot take the run with it."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import multiprocessing
 import os
 import signal
@@ -101,6 +103,19 @@ def _child(overrides: dict[str, Any], target: Callable[..., None], conn: Connect
         target(conn, *args)
     except Exception:
         send_quietly(conn, ("failed", traceback.format_exc()))
+
+
+def run_in_child(work: Callable[..., Any], *args: Any, name: str, dask_config: Mapping[str, Any],
+                 timeout_s: float) -> Any:
+    """``work(*args)`` (awaited if a coroutine function) in a fresh process with ``dask_config``
+    set, which may start processes of its own: its result, else a :class:`PeerError`."""
+    with spawned(_answer, work, *args, name=f"{name}-{work.__name__}", dask_config=dask_config,
+                 daemon=False) as child:
+        return expect(child, "result", timeout_s)
+
+
+def _answer(conn: Connection, work: Callable[..., Any], *args: Any) -> None:
+    conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work) else work(*args)))
 
 
 def report_origin(conn: Connection, module: str) -> None:

@@ -11,7 +11,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,13 +98,13 @@ class Run:
 
 
 def run(command: str, configurations: Sequence[Configuration], benchmarks: Sequence[Benchmark],
-        rounds: int, quick: bool, run_round: RoundRunner, server: Callable[..., None]) -> Run:
+        rounds: int, quick: bool, run_round: RoundRunner) -> Run:
     """Every available contender once per round, the order rotated each round."""
     labels = [c.label for c in configurations]
     if len(set(labels)) != len(labels):
         raise ValueError(f"configuration labels must be unique, got {labels}")
     result = Run(command, tuple(configurations), tuple(benchmarks), rounds, quick,
-                 status=probe(configurations, server), environment=environment_facts())
+                 status=probe(configurations), environment=environment_facts())
     runnable = [c for c in configurations if result.status[c.label].available]
     for label, status in result.status.items():
         if not status.available:
@@ -120,15 +120,18 @@ def run(command: str, configurations: Sequence[Configuration], benchmarks: Seque
         progress(f"[{len(result.records)}/{total}] round {r.round + 1} {r.configuration} "
                  f"{r.benchmark}: {outcome}")
 
-    for index in range(rounds):
-        for configuration in rotated(runnable, index):
-            run_round(configuration, list(benchmarks), index, record)
+    for index, configuration in alternated(runnable, rounds):
+        run_round(configuration, list(benchmarks), index, record)
     return result
 
 
-def rotated(items: Sequence[Any], shift: int) -> list[Any]:
-    k = shift % len(items) if items else 0
-    return [*items[k:], *items[:k]]
+def alternated(contenders: Sequence[Any], rounds: int) -> Iterator[tuple[int, Any]]:
+    """``(round, contender)``: every contender once per round, the order rotated each round, so
+    that drift and noisy neighbours hit all alike."""
+    for index in range(rounds):
+        k = index % len(contenders) if contenders else 0
+        for contender in [*contenders[k:], *contenders[:k]]:
+            yield index, contender
 
 
 def select(only: Iterable[str] | None, default: Iterable[str], known: Collection[str]) -> list[str]:

@@ -1,5 +1,5 @@
 """A thread that samples while a ``with`` block runs: it sees the peaks that a
-reading before and after would miss."""
+reading before and after would miss; and the memory readings it samples."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ class Sampler:
         """Each value's largest sample between ``start`` and ``end`` (monotonic), else the last."""
         window = [s[1:] for s in self.samples if start <= s[0] <= end] or [self.samples[-1][1:]]
         return tuple(max(column) for column in zip(*window, strict=True))
+
+
+def proc_bytes(path: str, field: str) -> int:
+    """A field in kB of a /proc file (``VmRSS:`` of /proc/self/status...), in bytes."""
+    with open(path) as file:
+        return next(int(line.split()[1]) * 1024 for line in file if line.startswith(field))
 
 
 def pss(pids: Iterable[int]) -> int:

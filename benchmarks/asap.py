@@ -32,7 +32,6 @@ import argparse
 import json
 import logging
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from typing import Any
 
 from distributed import Client
 
+from benchmarks._runner import format_number, progress
 from benchmarks._testbed import testbed
 from benchmarks.report import markdown_table
 from dask_lcicomm.asap.client import train
@@ -113,10 +113,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def record(report: RunReport, target: float, model: str = "logreg",
            degree_budget: int | None = None) -> dict[str, Any]:
     """One run as the JSON record (exactly :data:`KEYS`)."""
@@ -132,6 +128,22 @@ def record(report: RunReport, target: float, model: str = "logreg",
         "max_iteration_gap": report.max_iteration_gap(), "spectral_gap": round(report.spectral_gap, 4),
         "diameter": report.diameter if report.diameter != float("inf") else None,
     }
+
+
+def records_table(records: list[dict[str, Any]]) -> str:
+    """A saved run (its records, as :func:`record` makes them): a row per record, a column per key."""
+    head = list(records[0])
+
+    def cell(value: Any) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, int):  # counts: workers, rounds, bytes
+            return f"{value:,}"
+        if isinstance(value, float):
+            return format_number(value)
+        return "-" if value is None else str(value)
+
+    return markdown_table(head, ([cell(record.get(key)) for key in head] for record in records))
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -278,31 +290,31 @@ def run(args: argparse.Namespace) -> tuple[list[CaseResult], float, float, str]:
     f_zero = problem.loss(problem.init_model())
     target_rel = args.target_rel if args.target_rel is not None else TARGET_REL[args.model]
     target = f_ref + target_rel * (f_zero - f_ref)
-    _progress(f"f_ref = {f_ref:.5f} (centralised, {time.monotonic() - t0:.1f} s), "
+    progress(f"f_ref = {f_ref:.5f} (centralised, {time.monotonic() - t0:.1f} s), "
               f"f(0) = {f_zero:.5f}, target {target:.5f}")
     time_limit = args.time_limit or default_time_limit(
         args.workers, max(rounds, straggler_rounds), problem.init_model().nbytes,
         None if args.loopback else args.rate)
-    _progress(f"time limit per mode {time_limit:.0f} s")
+    progress(f"time limit per mode {time_limit:.0f} s")
     runs = _runs(args)
     for graph in dict.fromkeys(graph for _, graph in runs):
-        _progress(f"sparse graph {graph.name}: spectral gap {graph.spectral_gap:.3f}, "
+        progress(f"sparse graph {graph.name}: spectral gap {graph.spectral_gap:.3f}, "
                   f"diameter {graph.diameter:g}")
     results = []
     with tempfile.TemporaryDirectory(prefix="asap-testbed-") as logdir, \
             testbed(args.workers, args.scheme, args.rate, Path(logdir), args.loopback) as bed, \
             Client(bed.scheduler, timeout=60) as client:
-        _progress(f"testbed: {bed.kind}; scheduler {bed.scheduler}")
+        progress(f"testbed: {bed.kind}; scheduler {bed.scheduler}")
         for case in args.cases:
             reports = []
             for mode, graph in runs:
                 n_rounds = rounds if case == "transient" else straggler_rounds
-                _progress(f"[{case}] {mode} on {graph.name}: {n_rounds} rounds ...")
+                progress(f"[{case}] {mode} on {graph.name}: {n_rounds} rounds ...")
                 report = train(client, problem, mode=mode, graph=graph, rounds=n_rounds,
                                time_limit_s=time_limit, pacing=_case_pacing(case, args),
                                record_every=args.record_every or (2 if args.quick else 1),
                                start_delay_s=args.start_delay)
-                _progress(f"[{case}] {mode}: {max(w.elapsed_s for w in report.workers):.1f} s, "
+                progress(f"[{case}] {mode}: {max(w.elapsed_s for w in report.workers):.1f} s, "
                           f"final loss {report.final_loss:.5f}; testbed RSS {bed.rss() / 2**20:,.0f} MiB")
                 reports.append(report)
             results.append(CaseResult(case, reports, args.degrees))
@@ -324,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         results, f_ref, target, kind = run(args)
     except KeyboardInterrupt:
-        _progress("interrupted; the testbed's processes and namespaces were removed")
+        progress("interrupted; the testbed's processes and namespaces were removed")
         return 130
     print(f"testbed: {kind}; scheme {args.scheme}; {args.workers} workers; model {args.model}; "
           f"step {args.compute_ms:g} ms, slow x{args.slow_factor:g}; f_ref = {f_ref:.5f}\n")
@@ -341,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = _json_path(args.json, case.case)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(records, indent=2) + "\n")
-            _progress(f"wrote {path}")
+            progress(f"wrote {path}")
         if args.plot:
             from benchmarks._asap_plots import plot_case, plot_degrees
 
@@ -354,6 +366,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 paths = plot_case(case.case, f"{MODELS[args.model]}, {args.workers} workers: {title}",
                                   case.reports, offset, target, args.plot)
             for path in paths:
-                _progress(f"wrote {path}")
-    _progress(f"asap benchmark took {time.monotonic() - started:.0f} s")
+                progress(f"wrote {path}")
+    progress(f"asap benchmark took {time.monotonic() - started:.0f} s")
     return 0

@@ -24,11 +24,11 @@ from distributed.comm.utils import from_frames, to_frames
 
 from benchmarks import _comm_peers as peers
 from benchmarks import _runner
-from benchmarks._contenders import STARTUP_TIMEOUT_S, Configuration, probe
+from benchmarks._contenders import Configuration, probe
 from benchmarks._floor_comm import SCHEME as FLOOR
-from benchmarks._procs import PeerError, expect, send_quietly, spawned
+from benchmarks._procs import PeerError, expect, send_quietly
 from benchmarks._runner import format_number, progress, size_name
-from benchmarks.comm import PINNED, VARIANTS
+from benchmarks.comm import PINNED, VARIANTS, started_pair
 
 SIZES = (8, 2**10, 2**14)  # a tiny task message, a small object, a small array chunk
 CONFIGURATIONS = (  # ucxx, lci-ucx and lci-ofi show as not installed where they are not
@@ -143,13 +143,10 @@ async def _client(conn: Connection, server: peers.Server, specs: list[peers.Benc
 def _round(c: Configuration, sizes: Sequence[int], budgets: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     """Each payload's ``(size, loop, recording, error)`` on one fresh pair of peers; a failure ends it."""
     done, timeout_s = 0, budgets["reference_s"] + budgets["window_s"] + _SLACK_S
+    specs = [peers.BenchSpec(f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"],
+                             10_000_000, budgets["warmup"], timeout_s) for size in sizes]
     try:
-        with (spawned(peers.server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides)
-              as server, spawned(peers.client_main, _client, name=f"{c.label}-client",
-                                 dask_config=c.overrides) as client):
-            client.conn.send((peers.Server(expect(server, "ready", STARTUP_TIMEOUT_S), c.provider), [
-                peers.BenchSpec(f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"],
-                                10_000_000, budgets["warmup"], timeout_s) for size in sizes]))
+        with started_pair(c, specs, _client) as (server, client):
             procs = {"client": psutil.Process(client.process.pid),
                      "server": psutil.Process(server.process.pid)}
             for size in sizes:
@@ -223,19 +220,18 @@ async def _serialization(size: int, count: int, seconds: float) -> dict[str, flo
 def measure(configurations: Sequence[Configuration], sizes: Sequence[int], rounds: int,
             quick: bool) -> dict[str, Any]:
     """The serialization timing, then each configuration once per round, in rotating order: the JSON."""
-    environment, status = _runner.environment_facts(), probe(configurations, peers.server_main)
+    environment, status = _runner.environment_facts(), probe(configurations)
     runnable = [c for c in configurations if status[c.label].available]
     serialization = {size_name(size): asyncio.run(_serialization(size, *_SERIALIZATION[not quick]))
                      for size in sizes}
     raw: list[dict[str, Any]] = []
-    for index in range(rounds):
-        for c in _runner.rotated(runnable, index):
-            for size, loop, recording, error in _round(c, sizes, _BUDGETS[not quick]):
-                raw.append({"size": size, "label": c.label, "round": index, "loop": loop,
-                            "recording": recording, "error": error})
-                us = loop and loop["profiled"]["seconds"] / loop["profiled"]["count"] * 1e6
-                progress(f"[{len(raw)}/{rounds * len(runnable) * len(sizes)}] round {index + 1} {c.label} "
-                         f"{size_name(size)}: " + (f"{us:.0f} us/round trip" if loop else f"FAILED: {error}"))
+    for index, c in _runner.alternated(runnable, rounds):
+        for size, loop, recording, error in _round(c, sizes, _BUDGETS[not quick]):
+            raw.append({"size": size, "label": c.label, "round": index, "loop": loop,
+                        "recording": recording, "error": error})
+            us = loop and loop["profiled"]["seconds"] / loop["profiled"]["count"] * 1e6
+            progress(f"[{len(raw)}/{rounds * len(runnable) * len(sizes)}] round {index + 1} {c.label} "
+                     f"{size_name(size)}: " + (f"{us:.0f} us/round trip" if loop else f"FAILED: {error}"))
     environment["load_average_end"] = [round(load, 2) for load in psutil.getloadavg()]
     return {
         "command": "budget", "environment": environment,

@@ -13,9 +13,9 @@ import psutil
 
 from benchmarks import _runner
 from benchmarks._contenders import Configuration
-from benchmarks._sampler import Sampler, pss
+from benchmarks._procs import run_in_child
+from benchmarks._sampler import Sampler, proc_bytes, pss
 from benchmarks.comm import variant
-from benchmarks.peer_cost import MiB, in_child, proc_bytes
 from benchmarks.report import markdown_table
 
 CONFIGS = {c.label: c for c in (
@@ -23,6 +23,7 @@ CONFIGS = {c.label: c for c in (
     variant("lci-keep", {"shm.release-after": 0}),  # idle shared memory kept
     variant("lci-unbounded", {"shm.budget": "1TiB"}),  # every process lends as much as its pools hold
 )}
+MiB = 1 << 20
 SAMPLE_S, AFTER_S = 0.2, 3.0
 _AFTER, _RELEASED = f"{AFTER_S:.0f} s after", f"{AFTER_S:.0f} s after the input is released"
 _MIB_ROWS = {"peak_shmem": "Shmem at the peak", "after_shmem": f"Shmem {_AFTER}",
@@ -108,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configs = [CONFIGS[name] for name in args.configs]
     results: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
-    for index in range(args.rounds):
-        for c in _runner.rotated(configs, index):
-            _runner.progress(f"round {index + 1}: {c.label}")
-            results[c.label].append(in_child(c, measure, c.scheme, args.workers, args.rows,
-                                             args.memory_limits, timeout_s=args.timeout))
+    for index, c in _runner.alternated(configs, args.rounds):
+        _runner.progress(f"round {index + 1}: {c.label}")
+        results[c.label].append(run_in_child(
+            measure, c.scheme, args.workers, args.rows, args.memory_limits, name=c.label,
+            dask_config=c.overrides, timeout_s=args.timeout))
     print(_table(results))
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"} | {"configs": ",".join(args.configs)}

@@ -1,23 +1,21 @@
 """Dask comms side by side: ping-pong 8 B .. 64 MiB, flood, nchains, an idle cluster's CPU.
-
-The LCI paper's microbenchmarks over schemes, lci pinned to one provider, and (``variants``, the
-paper's design-choice study) lci with one knob switched; methodology in ``docs/benchmarks.md``.
-"""
+The LCI paper's microbenchmarks; ``variants`` switches one lci knob (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from time import monotonic
 from typing import Any
 
 from benchmarks import _runner
 from benchmarks._cluster import measure_idle
-from benchmarks._comm_peers import BenchSpec, Measurement, Server, client_main, server_main
+from benchmarks._comm_peers import BenchSpec, Measurement, RunSpecs, Server, client_main, server_main
 from benchmarks._contenders import BASELINE_BUILD, STARTUP_TIMEOUT_S, Configuration, with_baseline
 from benchmarks._floor_comm import SCHEME as FLOOR
-from benchmarks._procs import PeerError, expect, receive, spawned
+from benchmarks._procs import Peer, PeerError, expect, receive, spawned
 from benchmarks._runner import Benchmark, Metric, Record, size_name
 
 KiB, MiB = 2**10, 2**20
@@ -162,12 +160,7 @@ def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
         return
     answered = 0
     try:
-        with (spawned(server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides,
-                      pythonpath=c.pythonpath) as server,
-              spawned(client_main, name=f"{c.label}-client", dask_config=c.overrides,
-                      pythonpath=c.pythonpath) as client):
-            address = expect(server, "ready", STARTUP_TIMEOUT_S)
-            client.conn.send((Server(address, c.provider), specs))
+        with started_pair(c, specs) as (_, client):
             deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
             for spec in specs:
                 kind, name, payload = receive(client, deadline - monotonic())
@@ -179,6 +172,20 @@ def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
     except PeerError as exc:
         for spec in specs[answered:]:
             record(Record(spec.name, c.label, index, error=str(exc)))
+
+
+@contextmanager
+def started_pair(c: Configuration, specs: list[BenchSpec], run_specs: RunSpecs | None = None
+                 ) -> Iterator[tuple[Peer, Peer]]:
+    """A fresh comm server and client carrying ``c``'s settings, the client given ``specs``
+    (run by ``run_specs``, else the comm benchmarks' loop); both stopped on exit."""
+    with (spawned(server_main, c.scheme, name=f"{c.label}-server", dask_config=c.overrides,
+                  pythonpath=c.pythonpath) as server,
+          spawned(client_main, run_specs, name=f"{c.label}-client", dask_config=c.overrides,
+                  pythonpath=c.pythonpath) as client):
+        (address,) = expect(server, "ready", STARTUP_TIMEOUT_S)
+        client.conn.send((Server(address, c.provider), specs))
+        yield server, client
 
 
 def _record(spec: BenchSpec, label: str, index: int, m: Measurement) -> Record:
@@ -257,7 +264,7 @@ def main(argv: Sequence[str] | None = None, command: str = "comm") -> int:
             benches = benchmarks(args.benchmarks, args.quick)
     except ValueError as exc:
         p.error(str(exc))
-    result = _runner.run(command, chosen, benches, rounds, args.quick, run_round, server_main)
+    result = _runner.run(command, chosen, benches, rounds, args.quick, run_round)
     pairs = ([(label, "lci") for label in result.labels if label != "lci"] if is_variants
              else ratio_pairs(result.labels))
     text = variants_table(result) if is_variants else _runner.table(

@@ -16,7 +16,7 @@ from distributed import wait
 
 from benchmarks import _runner
 from benchmarks._cluster import INPROC, send_request, started_cluster, workers
-from benchmarks._comm_peers import Measurement, server_main
+from benchmarks._comm_peers import Measurement
 from benchmarks._contenders import Configuration, with_baseline
 from benchmarks._procs import PeerError, receive
 from benchmarks._runner import Benchmark, Metric, Record
@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc))
     benches = [Benchmark(GRAPHS[name].spec(QUICK if args.quick else FULL), (TIME,))
                for name in args.benchmarks or GRAPHS]
-    result = _runner.run("dask", chosen, benches, rounds, args.quick, run_round, server_main)
+    result = _runner.run("dask", chosen, benches, rounds, args.quick, run_round)
     pairs = ratio_pairs(result.labels)
     data = _runner.to_json(result, pairs)
     for entry, bench in zip(data["results"], result.benchmarks, strict=True):

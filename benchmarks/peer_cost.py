@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
-import inspect
 import os
-from collections.abc import Callable
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from distributed.comm import connect, listen
-from distributed.comm.core import CommClosedError
+from distributed.comm import connect
 
 from benchmarks import _runner
 from benchmarks._comm_peers import check_provider, server_main
 from benchmarks._contenders import Configuration, probe
-from benchmarks._procs import expect, spawned
+from benchmarks._procs import expect, run_in_child, spawned
+from benchmarks._sampler import proc_bytes
 from benchmarks.comm import OFI, OFI_MODULE, variant
 from benchmarks.report import markdown_table
 
@@ -28,45 +24,8 @@ CONFIGS = {c.label: c for c in (
     *map(Configuration.of_scheme, ("tcp", "ucxx", "lci")), variant("lci-tcp", {"providers": ["tcp"]}),
     variant("lci-ucx", {"providers": ["ucx"]}, requires="ucxx"),
     variant("lci-ofi", {"providers": ["ofi"], **OFI}, requires=OFI_MODULE))}
-MESSAGE = {"op": "ping", "x": 1}
+MESSAGE, ECHO = {"op": "ping", "x": 1}, {"op": "pong", "x": 1}  # what the comm peers' server echoes
 _START_S, _MEASURE_S = 120.0, 300.0  # for the servers to listen; for the measurement
-
-
-def proc_bytes(path: str, field: str) -> int:
-    """A field in kB of a /proc file (``VmRSS:`` of /proc/self/status...), in bytes."""
-    with open(path) as file:
-        return next(int(line.split()[1]) * 1024 for line in file if line.startswith(field))
-
-
-def in_child(c: Configuration, work: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
-    """``work(*args)`` (awaited if a coroutine function) in a fresh process with ``c``'s Dask
-    settings, which may start processes of its own: its result, else a PeerError."""
-    with spawned(_answer, work, *args, name=f"{c.label}-{work.__name__}", dask_config=c.overrides,
-                 daemon=False) as child:
-        return expect(child, "result", timeout_s)
-
-
-def _answer(conn: Connection, work: Callable[..., Any], *args: Any) -> None:
-    conn.send(("result", asyncio.run(work(*args)) if inspect.iscoroutinefunction(work) else work(*args)))
-
-
-def _serve(conn: Connection, scheme: str, count: int) -> None:
-    """Child: ``count`` listeners, each echoing one message, until the parent closes the pipe."""
-    asyncio.run(_listen(conn, scheme, count))
-
-
-async def _listen(conn: Connection, scheme: str, count: int) -> None:
-    async def echo(comm: Any) -> None:
-        with contextlib.suppress(CommClosedError):
-            await comm.write(await comm.read())
-            await comm.read()  # keeps the comm until the measuring process closes it
-
-    listeners = [await listen(f"{scheme}://127.0.0.1:0", echo) for _ in range(count)]  # awaited: started
-    conn.send(("ready", [listener.contact_address for listener in listeners]))
-    with contextlib.suppress(EOFError, OSError):
-        await asyncio.to_thread(conn.recv)
-    for listener in listeners:
-        listener.stop()
 
 
 async def _measure(addresses: list[str], provider: str | None) -> dict[str, Any]:
@@ -77,7 +36,7 @@ async def _measure(addresses: list[str], provider: str | None) -> dict[str, Any]
         comms.append(comm := await connect(address))
         check_provider(comm, provider)
         await comm.write(MESSAGE)
-        if await comm.read() != MESSAGE:
+        if await comm.read() != ECHO:
             raise RuntimeError(f"wrong echo from {address}")
         if len(comms) in (1, len(addresses)):
             gc.collect()
@@ -94,10 +53,12 @@ async def _measure(addresses: list[str], provider: str | None) -> dict[str, Any]
 def _one(c: Configuration, peers: int, servers: int) -> dict[str, Any]:
     """A configuration in fresh processes: the servers, then the measurement."""
     with contextlib.ExitStack() as stack:  # on leaving, stops the servers
-        started = [stack.enter_context(spawned(_serve, c.scheme, -(-peers // servers), name=f"{c.label}-{i}",
-                                               dask_config=c.overrides)) for i in range(servers)]
+        started = [stack.enter_context(spawned(server_main, c.scheme, -(-peers // servers),
+                                               name=f"{c.label}-{i}", dask_config=c.overrides))
+                   for i in range(servers)]
         addresses = [address for server in started for address in expect(server, "ready", _START_S)]
-        return in_child(c, _measure, addresses[:peers], c.provider, timeout_s=_MEASURE_S)
+        return run_in_child(_measure, addresses[:peers], c.provider, name=c.label,
+                            dask_config=c.overrides, timeout_s=_MEASURE_S)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers < 2:
         parser.error("--peers must be at least 2")
     configs = [CONFIGS[name] for name in args.configs]
-    status = probe(configs, server_main)
+    status = probe(configs)
     results: dict[str, Any] = {}
     for c in configs:
         if not status[c.label].available:

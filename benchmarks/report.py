@@ -82,22 +82,6 @@ def budget_table(data: Json) -> str:
     return "\n\n".join(sections)
 
 
-def records_table(records: list[Json]) -> str:
-    """One row per record, one column per field (``benchmarks asap`` saves its runs so)."""
-    head = list(records[0])
-
-    def cell(value: Any) -> str:
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if isinstance(value, int):  # counts: workers, rounds, bytes
-            return f"{value:,}"
-        if isinstance(value, float):
-            return format_number(value)
-        return "-" if value is None else str(value)
-
-    return markdown_table(head, ([cell(record.get(key)) for key in head] for record in records))
-
-
 def page(data: Json, figures: list[Path], page_dir: Path) -> str:
     """The Markdown page of one run; ``figures`` are linked relative to it."""
     table = budget_table(data) if data["command"] == "budget" else results_table(data)

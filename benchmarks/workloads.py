@@ -8,7 +8,6 @@ import argparse
 import importlib.util
 import itertools
 import logging
-import math
 import os
 import statistics
 import tempfile
@@ -26,7 +25,7 @@ from distributed import Client, LocalCluster
 
 from benchmarks import _runner
 from benchmarks._procs import PeerError, expect, receive, spawned
-from benchmarks._runner import align, csv, one_line, progress, rotated
+from benchmarks._runner import align, alternated, csv, one_line, progress
 from benchmarks._sampler import Sampler, pss
 from benchmarks._testbed import testbed
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
@@ -232,7 +231,7 @@ def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict
 
 
 def geomean(values: Sequence[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+    return statistics.geometric_mean(values) if values else None
 
 
 def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str, float]]],
@@ -331,8 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _runner.write_json(args.json, data, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-        for setting, round_index in itertools.product(settings, range(rounds)):
-            for scheme in rotated(schemes, round_index):
+        for setting in settings:
+            for round_index, scheme in alternated(schemes, rounds):
                 begun = time.monotonic()
                 data["records"] += _one_round(setting, scheme, round_index, names, size,
                                               args.repeat, Path(logdir))

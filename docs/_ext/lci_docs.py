@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.report import markdown_table, records_table, write_page
+from benchmarks.asap import records_table
+from benchmarks.report import markdown_table, write_page
 from benchmarks.workloads import report_page
 from dask_lcicomm.config import DEFAULTS, OPTIONS, SECTIONS, Kind
 from dask_lcicomm.providers import registry

@@ -16,10 +16,11 @@ from distributed import Client
 
 from benchmarks._testbed import SUBNET
 from benchmarks._testbed import testbed as asap_testbed
-from benchmarks.asap import default_time_limit, rate_bits
+from benchmarks.asap import default_time_limit, rate_bits, records_table
 from dask_lcicomm.testing.netns import gateway_address, unavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS = REPO_ROOT / "docs" / "results"
 KEYS = {"model", "mode", "graph", "degree_budget", "workers", "reached_target", "time_to_target_s",
         "rounds_to_target", "bytes_to_target", "final_loss", "final_accuracy", "max_iteration_gap",
         "spectral_gap", "diameter"}
@@ -152,3 +153,18 @@ def test_the_default_time_limit_lets_bsp_move_its_rounds_of_models():
     assert default_time_limit(32, 220, 2**18, "100mbit") == pytest.approx(2 * 220 * 31 * 2**21 / 1e8)
     assert default_time_limit(8, 220, 2**18, "100mbit") == 150.0  # the floor
     assert default_time_limit(32, 220, 2**18, None) == 150.0  # loopback: no rate to wait for
+
+
+def test_asap_runs_make_a_table():
+    records = json.loads((RESULTS / "asap" / "asap-quick.json").read_text())
+    lines = records_table(records).splitlines()
+    assert len(lines) == 2 + len(records)
+    assert lines[2].startswith(f"| {records[0]['mode']} |")
+
+
+def test_asap_counts_read_as_whole_numbers():
+    records = json.loads((RESULTS / "asap" / "asap-32-mlp.json").read_text())
+    row = records_table(records).splitlines()[2].split(" | ")
+    head = list(records[0])
+    assert row[head.index("workers")] == "32" and row[head.index("max_iteration_gap")] == "1"
+    assert row[head.index("bytes_to_target")] == f"{records[0]['bytes_to_target']:,}"

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks._runner import format_number, format_ratio
 from benchmarks.plots import _ratios
-from benchmarks.report import page, records_table, results_table, run_name
+from benchmarks.report import page, results_table, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
@@ -39,21 +39,6 @@ def test_a_table_row_is_the_median_of_its_rounds():
     tcp = sorted(result["per_configuration"]["tcp"]["rounds"])[1]
     row = table.splitlines()[2].split(" | ")
     assert row[2:] == [format_number(lci), format_number(tcp), f"{format_ratio(tcp / lci)} |"]
-
-
-def test_asap_runs_make_a_table():
-    records = json.loads((RESULTS / "asap" / "asap-quick.json").read_text())
-    lines = records_table(records).splitlines()
-    assert len(lines) == 2 + len(records)
-    assert lines[2].startswith(f"| {records[0]['mode']} |")
-
-
-def test_asap_counts_read_as_whole_numbers():
-    records = json.loads((RESULTS / "asap" / "asap-32-mlp.json").read_text())
-    row = records_table(records).splitlines()[2].split(" | ")
-    head = list(records[0])
-    assert row[head.index("workers")] == "32" and row[head.index("max_iteration_gap")] == "1"
-    assert row[head.index("bytes_to_target")] == f"{records[0]['bytes_to_target']:,}"
 
 
 def test_the_readme_table_is_what_its_command_prints():

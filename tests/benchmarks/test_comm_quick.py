@@ -21,7 +21,6 @@ import pytest
 from _cli import assert_all_measured, assert_figures, assert_scheme_column, run_cli
 
 from benchmarks import _runner, comm
-from benchmarks._comm_peers import server_main
 from benchmarks._contenders import Configuration, probe
 
 SCHEMES = ("lci", "lci-tcp", "tcp")
@@ -137,7 +136,7 @@ def test_fallback_fails_loudly() -> None:
     mispinned = Configuration("mispinned", "lci", (("distributed.comm.lci.providers", ["tcp"]),),
                               provider="shm")
     result = _runner.run("comm", [mispinned], comm.benchmarks(["pingpong-8B", "idle"], quick=True),
-                         1, True, comm.run_round, server_main)
+                         1, True, comm.run_round)
     errors = {r.benchmark: r.error for r in result.records}
     assert set(errors) == {"pingpong-8B", "idle"} and all(errors.values()), errors
     assert "WrongProvider" in errors["pingpong-8B"] and "'tcp', not 'shm'" in errors["pingpong-8B"]
@@ -147,7 +146,7 @@ def test_fallback_fails_loudly() -> None:
 def test_missing_extra_is_not_installed() -> None:
     """A configuration whose extra is missing is marked, never started."""
     needy = Configuration("needy", "lci", requires="no_such_module_for_lci_benchmarks")
-    status = probe([needy], server_main)["needy"]
+    status = probe([needy])["needy"]
     assert not status.available and status.label == "not installed", status
     assert "no_such_module_for_lci_benchmarks" in status.detail
 

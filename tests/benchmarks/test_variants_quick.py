@@ -25,7 +25,6 @@ from _cli import assert_all_measured, assert_figures, run_cli
 from _settings_probe import report_settings
 
 from benchmarks import _runner, comm
-from benchmarks._comm_peers import server_main
 from benchmarks._contenders import Configuration, probe
 from benchmarks._procs import expect, spawned
 from benchmarks.comm import VARIANT_BENCHMARKS as BENCHMARKS
@@ -97,8 +96,7 @@ def test_rejected_configuration_is_unavailable() -> None:
     the default lci is still measured in the same run."""
     bogus = variant("providers-bogus", {"providers": ["bogus", "tcp"]})
     result = _runner.run("variants", [Configuration.of_scheme("lci"), bogus],
-                         comm.benchmarks(["pingpong-8B"], quick=True), 1, True, comm.run_round,
-                         server_main)
+                         comm.benchmarks(["pingpong-8B"], quick=True), 1, True, comm.run_round)
     assert not result.status["providers-bogus"].available
     assert "rejected at start-up" in result.status["providers-bogus"].detail
     assert "bogus" in result.status["providers-bogus"].detail
@@ -132,7 +130,7 @@ def test_variant_switches_its_knob(c: Configuration) -> None:
     try:
         expected = _settings_in(c.overrides)
     except ValueError:  # not accepted by this build: the harness must say so
-        status = probe([c], server_main)[c.label]
+        status = probe([c])[c.label]
         assert not status.available and "rejected at start-up" in status.detail
         return
     with spawned(report_settings, name=f"{c.label}-probe", dask_config=c.overrides) as child:

@@ -24,7 +24,6 @@ from benchmarks.workloads import (
     geomean,
     medians,
     report_page,
-    rotated,
     upload_seconds,
     worker_comm_seconds,
 )
@@ -161,11 +160,6 @@ def test_warm_runs_have_rows_and_a_geometric_mean_of_their_own() -> None:
     assert rows["align"][3] == "2.00" and rows["align warm"][4] == "0.50"
     assert rows["geometric mean"][-1] == "2.00"
     assert rows["geometric mean warm"][-1] == "0.50"
-
-
-def test_rounds_rotate_the_schemes() -> None:
-    assert [rotated(["a", "b", "c"], r) for r in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
