@@ -10,6 +10,7 @@ from distributed.comm import connect, listen
 from distributed.utils_test import gen_test
 
 from dask_lcicomm.providers.message_device import MessageDevice
+from dask_lcicomm.providers.message_outbox import Outbox
 from dask_lcicomm.providers.message_tags import STREAM
 
 
@@ -43,17 +44,19 @@ async def _count_sends(aggregation: bool, nmessages: int, provider: str) -> int:
             comm = await connect(listener.contact_address)
             assert comm.extra_info["provider"] == provider
             device_class = type(comm._vconn._link.device)
-            messages = issubclass(device_class, MessageDevice)
-            name, counting = ("_post", counting_post) if messages else ("_transmit", counting_transmit)
-            send = getattr(device_class, name)
-            setattr(device_class, name, counting)
+            if issubclass(device_class, MessageDevice):
+                sender, name, counting = Outbox, "post", counting_post
+            else:
+                sender, name, counting = device_class, "_transmit", counting_transmit
+            send = getattr(sender, name)
+            setattr(sender, name, counting)
             try:
                 for i in range(nmessages):
                     await comm.write(i)
                 await asyncio.sleep(0)
                 got = [await asyncio.wait_for(received.get(), 10) for _ in range(nmessages)]
             finally:
-                setattr(device_class, name, send)
+                setattr(sender, name, send)
             await comm.close()
     assert got == list(range(nmessages))
     return sends
