@@ -204,7 +204,8 @@ class MessageDevice(RoutedDevice):
                 if readable is not None:
                     self._outbox.post(readable, CONTROL, READABLE)
                     continue
-                message = views[0] if len(views) == 1 else b"".join(views)
+                # One message of its buffers: no copy where the fabric gathers.
+                message = views[0] if len(views) == 1 else list(views)
                 if held is None:
                     self._prompt_sent += 1
                 else:

@@ -117,8 +117,10 @@ class MessageFabric(SharedSource):
 
     @abstractmethod
     def send(self, peer: Any, tag: int, message: Any) -> Request | None:
-        """Post ``message`` (a buffer) to ``peer`` with ``tag``; None when
-        the fabric cannot take it now (retry after progress)."""
+        """Post ``message`` (a buffer, or a list of buffers sent as one
+        message: :func:`~.message_verbs.one_buffer` for a fabric that cannot
+        gather) to ``peer`` with ``tag``; None when the fabric cannot take
+        it now (retry after progress)."""
 
     @abstractmethod
     def take(self) -> tuple[int, int, Any, Any] | None:

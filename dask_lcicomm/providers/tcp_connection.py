@@ -118,20 +118,24 @@ class Connection:
     def send(self, tag: int, message: Any) -> message_verbs.Request:
         """Queue ``message`` behind the sends before it; with none before
         it, write it at once: a send the socket took whole is done."""
-        data = memoryview(message).cast("B")
-        header = memoryview(HEADER.pack(tag, data.nbytes))
-        buffers = (header, data) if data.nbytes else (header,)
+        if type(message) is list:
+            parts = [view for view in (memoryview(m).cast("B") for m in message) if view.nbytes]
+        else:
+            parts = [memoryview(message).cast("B")]
+        nbytes = sum(part.nbytes for part in parts)
+        header = memoryview(HEADER.pack(tag, nbytes))
+        buffers = (header, *parts) if nbytes else (header,)
         if self.error is not None:
             request = Request()
             request.fail(self.error)
             return request
         n = 0
-        if not self.sends:
+        if not self.sends and len(buffers) <= IOV_MAX:
             try:
                 n = self.sock.sendmsg(buffers)
             except OSError:
                 pass  # write() meets it again, and the owner closes the connection then
-            if n == header.nbytes + data.nbytes:
+            if n == header.nbytes + nbytes:
                 return message_verbs.DONE
         request = Request(deque(buffers))
         _advance(request.buffers, n)

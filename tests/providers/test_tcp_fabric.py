@@ -187,6 +187,34 @@ async def test_an_accepted_connection_that_never_says_hello_is_closed():
 
 
 @gen_test(timeout=30)
+async def test_a_list_of_buffers_is_one_message_written_from_where_they_lie():
+    """A bulk group of several buffers (a large frame's shards) is sent as
+    one message, gathered: the caller's buffers are written, never joined."""
+    with _fabric() as (fabric, address):
+        sender = socket.create_connection(address)
+        written = []
+
+        class Recording:
+            """The connection's socket, recording what each write was given."""
+
+            def __getattr__(self, name):
+                return getattr(sender, name)
+
+            def sendmsg(self, buffers):
+                written.extend(buffers)
+                return sender.sendmsg(buffers)
+
+        parts = [bytearray(b"ab"), bytearray(), bytearray(b"cd")]
+        with fabric.lock:
+            handle = fabric.adopt(sender)
+            handle.sock = Recording()
+            request = fabric.send(handle, 5, parts)
+        assert (await _taken(fabric))[::3] == (5, b"abcd")
+        assert request.completed
+        assert any(isinstance(b, memoryview) and b.obj is parts[0] for b in written)
+
+
+@gen_test(timeout=30)
 async def test_sends_queued_behind_a_full_socket_are_written_together():
     """A large message fills the socket; the small ones queued behind it go
     out in a few writes, not one each. The fabric writes to its own listener."""
