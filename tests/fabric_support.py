@@ -41,7 +41,6 @@ from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_provider import MessageProvider
 from dask_lcicomm.providers.message_routes import Listener
 from dask_lcicomm.providers.message_tags import tag
-from dask_lcicomm.providers.message_verbs import one_buffer
 from dask_lcicomm.providers.tcp_fabric import TcpFabric
 
 #: Messages up to this size complete at their sender at once.
@@ -149,7 +148,7 @@ class MemoryFabric(MessageFabric):
         if peer.retries:
             peer.retries -= 1
             return None
-        data = bytes(memoryview(one_buffer(message)).cast("B"))
+        data = bytes(memoryview(message).cast("B"))
         sent = _Request(completed=len(data) <= EAGER_BYTES)
         with _registry:
             target = _endpoints.get(peer.address)

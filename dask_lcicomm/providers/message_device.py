@@ -204,8 +204,13 @@ class MessageDevice(RoutedDevice):
                 if readable is not None:
                     self._outbox.post(readable, CONTROL, READABLE)
                     continue
-                # One message of its buffers: no copy where the fabric gathers.
-                message = views[0] if len(views) == 1 else list(views)
+                # Several buffers (a large frame's shards): one message of
+                # them, copied into one only where the fabric cannot gather.
+                message: Any
+                if len(views) == 1:
+                    message = views[0]
+                else:
+                    message = list(views) if self._fabric.gathers else b"".join(views)
                 if held is None:
                     self._prompt_sent += 1
                 else:

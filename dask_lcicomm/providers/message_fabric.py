@@ -67,6 +67,9 @@ class MessageFabric(SharedSource):
     address: str
     #: The verbs that read peers' memory, where the fabric has RMA.
     rma: Rma | None = None
+    #: Whether :meth:`send` takes a list of buffers as one message, written
+    #: from where they lie; else the device joins them first.
+    gathers = False
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress: Progress) -> None:
         self._loop = loop
@@ -117,10 +120,10 @@ class MessageFabric(SharedSource):
 
     @abstractmethod
     def send(self, peer: Any, tag: int, message: Any) -> Request | None:
-        """Post ``message`` (a buffer, or a list of buffers sent as one
-        message: :func:`~.message_verbs.one_buffer` for a fabric that cannot
-        gather) to ``peer`` with ``tag``; None when the fabric cannot take
-        it now (retry after progress)."""
+        """Post ``message`` (a buffer; a list of buffers, sent as one
+        message, where the fabric :attr:`gathers`) to ``peer`` with
+        ``tag``; None when the fabric cannot take it now (retry after
+        progress). The caller keeps ``message`` until the send is done."""
 
     @abstractmethod
     def take(self) -> tuple[int, int, Any, Any] | None:

@@ -18,12 +18,6 @@ class Request(Protocol):
         """Raise what made the request fail, if anything did."""
 
 
-def one_buffer(message: Any) -> Any:
-    """``message`` as one buffer, for a fabric that cannot gather: a list of
-    buffers (one message) is joined."""
-    return b"".join(message) if type(message) is list else message
-
-
 class _Done:
     __slots__ = ()
     completed = True

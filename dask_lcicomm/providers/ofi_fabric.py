@@ -39,7 +39,7 @@ from dask_lcicomm.providers import _ofi
 from dask_lcicomm.providers.base import Progress, dead_after
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_tags import PROBE
-from dask_lcicomm.providers.message_verbs import Request, one_buffer
+from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.ofi_options import OfiOptions
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class OfiFabric(MessageFabric):
             self._endpoint.remove(entry[0])
 
     def send(self, peer: _Peer, tag: int, message: Any) -> Request | None:
-        return self._send(peer.at, tag, one_buffer(message), None)
+        return self._send(peer.at, tag, message, None)
 
     def _send(self, at: int, tag: int, message: Any, on_error: Callable[[], None] | None) -> _Request | None:
         number = next(self._ids)

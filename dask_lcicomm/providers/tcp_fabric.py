@@ -40,6 +40,7 @@ class TcpFabric(MessageFabric):
     """An epoll descriptor over this process's sockets to its peers."""
 
     provider = "tcp"
+    gathers = True
 
     def __init__(self, loop: asyncio.AbstractEventLoop, progress: Progress) -> None:
         super().__init__(loop, progress)

@@ -12,7 +12,7 @@ import numpy as np
 
 from dask_lcicomm.providers.base import Progress
 from dask_lcicomm.providers.message_fabric import MessageFabric
-from dask_lcicomm.providers.message_verbs import Request, one_buffer
+from dask_lcicomm.providers.message_verbs import Request
 from dask_lcicomm.providers.ucx_context import any_tag, array, bindings, new_worker, setup_errors
 
 
@@ -45,7 +45,7 @@ class UcxWorker(MessageFabric):
         peer.close_blocking()
 
     def send(self, peer: Any, tag: int, message: Any) -> Request:
-        return peer.tag_send(array(one_buffer(message)), self._tag(tag))
+        return peer.tag_send(array(message), self._tag(tag))
 
     def take(self) -> tuple[int, int, Any, Any] | None:
         probe = self.worker.tag_probe(*self._tags, remove=True)
