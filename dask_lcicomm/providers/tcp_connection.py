@@ -116,8 +116,9 @@ class Connection:
     # -- sending ---------------------------------------------------------
 
     def send(self, tag: int, message: Any) -> message_verbs.Request:
-        """Queue ``message`` behind the sends before it; with none before
-        it, write it at once: a send the socket took whole is done."""
+        """Queue ``message`` (a buffer, or a list of buffers written as one
+        message, gathered) behind the sends before it; with none before it,
+        write it at once: a send the socket took whole is done."""
         if type(message) is list:
             parts = [view for view in (memoryview(m).cast("B") for m in message) if view.nbytes]
         else:
