@@ -66,6 +66,13 @@ logger = logging.getLogger(__name__)
 _INFLIGHT_BATCHES = 8
 
 
+def _stream_message(buffers: list[Any]) -> bytes:
+    """Stream bytes as one message of their own: joined, unless one immutable
+    buffer. A write counts as sent once posted, so the fabric must no longer
+    read the caller's memory then."""
+    return buffers[0] if len(buffers) == 1 and type(buffers[0]) is bytes else b"".join(buffers)
+
+
 class MessageDevice(RoutedDevice):
     """A device over one peer handle of the shared fabric; made under its
     lock. A provider names it (:attr:`provider`) and adds nothing else."""
@@ -168,8 +175,7 @@ class MessageDevice(RoutedDevice):
             with self._fabric.lock:
                 if self._outbox.unposted or self._outbox.inflight_bytes >= self._max_inflight:
                     return False
-                buffers = unit.next_unit()
-                message = buffers[0] if len(buffers) == 1 and type(buffers[0]) is bytes else b"".join(buffers)
+                message = _stream_message(unit.next_unit())
                 self._outbox.post(message, STREAM, self._prompt_sent, len(message))
         if token is not None:
             self.completion.push((self, SendDone(token)))
@@ -204,13 +210,16 @@ class MessageDevice(RoutedDevice):
                 if readable is not None:
                     self._outbox.post(readable, CONTROL, READABLE)
                     continue
-                # Several buffers (a large frame's shards): one message of
-                # them, copied into one only where the fabric cannot gather.
+                # Several buffers (a large frame's shards) are one message:
+                # read where they lie where the fabric gathers and the parcel
+                # waits for the send to finish, else copied into one.
                 message: Any
                 if len(views) == 1:
                     message = views[0]
+                elif held is not None and self._fabric.gathers:
+                    message = list(views)
                 else:
-                    message = list(views) if self._fabric.gathers else b"".join(views)
+                    message = b"".join(views)
                 if held is None:
                     self._prompt_sent += 1
                 else:
@@ -289,10 +298,7 @@ class MessageDevice(RoutedDevice):
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
                 if batch_bytes >= self._batch_bytes or i == last:
-                    # Joined, unless one immutable buffer: a finished write no
-                    # longer reads the caller's memory.
-                    message = batch[0] if len(batch) == 1 and type(batch[0]) is bytes else b"".join(batch)
-                    outbox.post(message, STREAM, self._prompt_sent, batch_bytes)
+                    outbox.post(_stream_message(batch), STREAM, self._prompt_sent, batch_bytes)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
         if not n:

@@ -84,7 +84,7 @@ class Outbox:
         self.inflight_bytes += nbytes
         value = tag(self.route, kind, number)
         if not self._unposted:
-            request = self._fabric.send(self.peer, value, message)
+            request = self._send_to_peer(value, message)
             if request is not None:
                 self._posted(request, message, nbytes, held)
                 return
