@@ -24,39 +24,38 @@ class Held:
         self.bulk_out = 0
 
 
-class HeldParcels:
-    """The lines of held parcels, one per virtual connection."""
+class HeldParcels(dict[int, deque[Held]]):
+    """The lines of held parcels, by virtual connection (a dict: whether any
+    is held is asked at every post, and a dict answers without a call into
+    Python)."""
 
     def __init__(self) -> None:
-        self._lines: dict[int, deque[Held]] = {}
+        super().__init__()
         #: Bytes of the parcels held.
         self.nbytes = 0
 
-    def __bool__(self) -> bool:
-        return bool(self._lines)
-
     def holds(self, vc: int) -> bool:
         """Whether a parcel of ``vc`` is held: later ones must queue behind it."""
-        return vc in self._lines
+        return vc in self
 
     def append(self, vc: int, held: Held) -> None:
-        self._lines.setdefault(vc, deque()).append(held)
+        self.setdefault(vc, deque()).append(held)
         self.nbytes += held.unit.nbytes
 
     def ready(self) -> Iterator[tuple[int, Held]]:
         """Take the parcels at the head of each line whose bulk messages are
         all out, in line order."""
-        for vc, line in list(self._lines.items()):
+        for vc, line in list(self.items()):
             while line and line[0].bulk_out == 0:
                 held = line.popleft()
                 self.nbytes -= held.unit.nbytes
                 yield vc, held
             if not line:
-                del self._lines[vc]
+                del self[vc]
 
-    def clear(self) -> list[Any]:
+    def drop(self) -> list[Any]:
         """Drop every held parcel; the tokens of those that had one."""
-        tokens = [held.token for line in self._lines.values() for held in line if held.token is not None]
-        self._lines.clear()
+        tokens = [held.token for line in self.values() for held in line if held.token is not None]
+        self.clear()
         self.nbytes = 0
         return tokens

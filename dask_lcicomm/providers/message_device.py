@@ -276,7 +276,7 @@ class MessageDevice(RoutedDevice):
     def _lose(self, reason: str) -> list[Any] | None:
         tokens = super()._lose(reason)
         if tokens is not None:
-            tokens.extend(self._held.clear())
+            tokens.extend(self._held.drop())
         return tokens
 
     def _transmit(self, buffers: deque[Any]) -> int:

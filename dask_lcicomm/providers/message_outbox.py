@@ -25,7 +25,7 @@ from dask_lcicomm.providers.held_parcels import Held
 from dask_lcicomm.providers.message_fabric import MessageFabric
 from dask_lcicomm.providers.message_routes import RoutedDevice
 from dask_lcicomm.providers.message_tags import CONTROL, END, tag
-from dask_lcicomm.providers.message_verbs import Request
+from dask_lcicomm.providers.message_verbs import DONE, Request
 from dask_lcicomm.providers.retry_line import RetryLine
 from dask_lcicomm.providers.sends_in_flight import SendsInFlight
 
@@ -84,7 +84,14 @@ class Outbox:
         self.inflight_bytes += nbytes
         value = tag(self.route, kind, number)
         if not self._unposted:
-            request = self._send_to_peer(value, message)
+            request = self._fabric.send(self.peer, value, message)
+            if request is DONE:
+                # The common answer, settled here: nothing to take back.
+                self._reached = True
+                self.inflight_bytes -= nbytes
+                if held is not None:
+                    held.bulk_out -= 1
+                return
             if request is not None:
                 self._posted(request, message, nbytes, held)
                 return

@@ -20,40 +20,31 @@ from dask_lcicomm.providers.message_verbs import Request
 Unposted = tuple[Any, int, int, Held | None]
 
 
-class RetryLine:
-    """Unposted messages, oldest first."""
+class RetryLine(deque[Unposted]):
+    """Unposted messages, oldest first (a deque: its truth is asked at every
+    post, and a deque answers without a call into Python)."""
 
     def __init__(self) -> None:
-        self._line: deque[Unposted] = deque()
+        super().__init__()
         self._since = 0.0
 
-    def __bool__(self) -> bool:
-        return bool(self._line)
-
-    def __len__(self) -> int:
-        return len(self._line)
-
     def append(self, message: Unposted) -> None:
-        if not self._line:
+        if not self:
             self._since = time.monotonic()
-        self._line.append(message)
+        super().append(message)
 
     def post(self, send: Callable[[int, Any], Request | None]) -> Iterator[tuple[Request, Unposted]]:
         """Post the messages in order with ``send(tag, message)`` while the
         fabric takes them; yield each taken one with its request."""
-        line = self._line
-        while line:
-            request = send(line[0][1], line[0][0])
+        while self:
+            request = send(self[0][1], self[0][0])
             if request is None:
                 return
             self._since = time.monotonic()
-            yield request, line.popleft()
+            yield request, self.popleft()
 
     @property
     def waited(self) -> float:
         """Seconds since the fabric last took a message of the line, or
         since the first was refused."""
         return time.monotonic() - self._since
-
-    def clear(self) -> None:
-        self._line.clear()

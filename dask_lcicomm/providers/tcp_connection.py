@@ -27,6 +27,8 @@ from dask_lcicomm.providers import message_verbs
 from dask_lcicomm.providers.send_queue import IOV_MAX
 
 HEADER = struct.Struct("<QQ")
+#: Messages up to this size are copied behind their header, to write one buffer.
+_JOINED_BYTES = 4096
 PREFACE = b"LCI-TCP\x01"
 #: Bytes a connection reads at once when no receive wants them.
 _STAGE_BYTES = 32 * 1024
@@ -119,13 +121,20 @@ class Connection:
         """Queue ``message`` (a buffer, or a list of buffers written as one
         message, gathered) behind the sends before it; with none before it,
         write it at once: a send the socket took whole is done."""
-        if type(message) is list:
-            parts = [view for view in (memoryview(m).cast("B") for m in message) if view.nbytes]
+        buffers: tuple[memoryview, ...]
+        if type(message) is bytes and len(message) <= _JOINED_BYTES:
+            # A small message costs less joined to its header than gathered.
+            buffers = (memoryview(HEADER.pack(tag, len(message)) + message),)
+            total = HEADER.size + len(message)
         else:
-            parts = [memoryview(message).cast("B")]
-        nbytes = sum(part.nbytes for part in parts)
-        header = memoryview(HEADER.pack(tag, nbytes))
-        buffers = (header, *parts) if nbytes else (header,)
+            if type(message) is list:
+                parts = [view for view in (memoryview(m).cast("B") for m in message) if view.nbytes]
+            else:
+                parts = [memoryview(message).cast("B")]
+            nbytes = sum(part.nbytes for part in parts)
+            header = memoryview(HEADER.pack(tag, nbytes))
+            buffers = (header, *parts) if nbytes else (header,)
+            total = HEADER.size + nbytes
         if self.error is not None:
             request = Request()
             request.fail(self.error)
@@ -136,7 +145,7 @@ class Connection:
                 n = self.sock.sendmsg(buffers)
             except OSError:
                 pass  # write() meets it again, and the owner closes the connection then
-            if n == header.nbytes + nbytes:
+            if n == total:
                 return message_verbs.DONE
         request = Request(deque(buffers))
         _advance(request.buffers, n)

@@ -27,10 +27,10 @@ def test_lines_release_in_order_and_only_from_their_head():
     assert not parcels and parcels.nbytes == 0
 
 
-def test_clearing_returns_the_tokens_of_what_never_left():
+def test_dropping_returns_the_tokens_of_what_never_left():
     parcels = HeldParcels()
     parcels.append(1, _held(b"x", 2, token="t1"))
     parcels.append(1, _held(b"y", 0))
     parcels.append(3, _held(b"z", 1, token="t3"))
-    assert parcels.clear() == ["t1", "t3"]
+    assert parcels.drop() == ["t1", "t3"]
     assert not parcels and parcels.nbytes == 0 and list(parcels.ready()) == []
