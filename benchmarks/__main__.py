@@ -30,12 +30,9 @@ def main(argv: list[str]) -> int:
             f"  {name:<10} {what}" for name, what in COMMANDS.items()), file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     command, rest = argv[0], argv[1:]
+    module, options = ("comm", {"command": command}) if command == "variants" else (command, {})
     try:
-        if command == "variants":
-            from benchmarks.comm import main as comm_main
-
-            return comm_main(rest, command="variants")
-        return int(importlib.import_module(f"benchmarks.{command}").main(rest))
+        return int(importlib.import_module(f"benchmarks.{module}").main(rest, **options))
     except KeyboardInterrupt:
         print("interrupted; peer processes were stopped", file=sys.stderr)
         return 130

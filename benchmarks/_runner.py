@@ -21,6 +21,7 @@ import numpy
 import psutil
 
 from benchmarks._contenders import BASELINE_BUILD, PACKAGE, Configuration, Status, one_line, probe
+from benchmarks._procs import PeerError
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,25 @@ def run(command: str, configurations: Sequence[Configuration], benchmarks: Seque
     for index, configuration in alternated(runnable, rounds):
         run_round(configuration, list(benchmarks), index, record)
     return result
+
+
+def record_answers(label: str, index: int, specs: Sequence[Any],
+                   answers: Iterable[tuple[Any, tuple[str, str, Any]]], record: Callable[[Record], None],
+                   measured: Callable[[Any, Any], tuple[dict[str, float], dict[str, Any]]]) -> None:
+    """Records the answer ``(kind, name, payload)`` to each spec in turn: a ``"result"``'s metrics
+    and raw numbers by ``measured(spec, payload)``, else its error; a :class:`PeerError` (a peer
+    died, hung or crashed) fails every spec not answered yet."""
+    done = 0
+    try:
+        for spec, (kind, name, payload) in answers:
+            if name != spec.name:
+                raise PeerError(f"peer answered {name!r} while {spec.name!r} was expected")
+            record(Record(name, label, index, *measured(spec, payload)) if kind == "result"
+                   else Record(name, label, index, error=payload))
+            done += 1
+    except PeerError as exc:
+        for spec in specs[done:]:
+            record(Record(spec.name, label, index, error=str(exc)))
 
 
 def alternated(contenders: Sequence[Any], rounds: int) -> Iterator[tuple[int, Any]]:
@@ -301,7 +321,7 @@ def source_revision() -> str:
 
 
 def parser(prog: str, description: str, names: Sequence[str], rounds: str,
-           baseline: bool = True) -> argparse.ArgumentParser:
+           baseline: bool = True, plot: bool = True) -> argparse.ArgumentParser:
     """The options every side-by-side benchmark takes (``--benchmarks`` if it names any)."""
     p = argparse.ArgumentParser(prog=f"python -m benchmarks {prog}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny budgets, 1 round: a smoke run")
@@ -313,7 +333,8 @@ def parser(prog: str, description: str, names: Sequence[str], rounds: str,
         p.add_argument("--baseline", metavar="PATH", help=f"also measure {BASELINE_BUILD}: lci as "
                        "built by 'pip install --no-deps --target PATH <checkout>'")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every round's numbers to OUT")
-    p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
+    if plot:
+        p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
     return p
 
 
@@ -340,8 +361,12 @@ def finish(args: argparse.Namespace, text: str, data: dict[str, Any]) -> int:
         write_json(args.json, data)
         progress(f"wrote {args.json}")
     if args.plot:
-        from benchmarks.plots import plot
-
-        for path in plot(data, args.plot):
-            progress(f"wrote {path}")
+        draw(data, args.plot)
     return 1 if data["failed"] else 0
+
+
+def draw(data: dict[str, Any], outdir: Path) -> None:
+    from benchmarks.plots import plot
+
+    for path in plot(data, outdir):
+        progress(f"wrote {path}")

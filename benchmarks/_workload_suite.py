@@ -1,7 +1,9 @@
-"""The workloads: small versions, our own, of tests the Dask maintainers watch for regressions
-(coiled/benchmarks ``tests/benchmarks/``), sized for a 2-core machine. Each is a function
-``(client, size, timed)``: it persists its data untimed, runs what the source test times inside
-``with timed():`` and raises :class:`WrongResult` for a wrong result; ``size`` 1.0 is a full run."""
+"""The graphs both commands run on a cluster. ``workloads``': small versions, our own, of tests
+the Dask maintainers watch for regressions (coiled/benchmarks ``tests/benchmarks/``), sized for a
+2-core machine, each a function ``(client, size, timed)``: it persists its data untimed, runs what
+the source test times inside ``with timed():`` and raises :class:`WrongResult` for a wrong result;
+``size`` 1.0 is a full run. ``dask``'s: each ``(client, spec)`` times its own part of the graph
+into a :class:`Measurement` and checks its result."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import dask
@@ -19,6 +22,10 @@ import numpy as np
 import pandas as pd
 from distributed import wait
 
+from benchmarks._cluster import workers
+from benchmarks._comm_peers import Measurement
+
+MiB = 2**20
 Timed = Callable[[], AbstractContextManager[None]]
 
 
@@ -253,3 +260,120 @@ WORKLOADS = (
     Workload("large-map", "test_futures.py::test_large_map", partial(futures, n=3000, one_by_one=False)),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One of ``dask``'s graphs at one size: what the cluster child is asked to run."""
+
+    name: str
+    size: int
+    piece: int
+    timeout_s: float
+
+
+def _computed(client: Any, collection: Any, expected: Any, close: bool = False) -> Measurement:
+    """Time computing ``collection``, then check its result (``close``: floats summed in
+    another order)."""
+    start = perf_counter()
+    got = client.compute(collection).result()
+    seconds = perf_counter() - start
+    check(bool(np.allclose(got, expected)) if close else got == expected,
+          f"{got!r}, expected {expected!r}")
+    return Measurement(1, seconds)
+
+
+def _on(client: Any, worker: str, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` as a task that runs on ``worker`` and nowhere else."""
+    return client.submit(function, *args, workers=[worker], allow_other_workers=False, pure=False)
+
+
+def _random_bytes(nbytes: int) -> np.ndarray:
+    """Data no backend can compress (a random MiB repeated: beyond lz4's 64 KiB window), made
+    in ~60% of the time fully random GiBs would take (untimed, but it lengthens every round)."""
+    block = np.random.default_rng().integers(0, 256, min(nbytes, MiB), dtype=np.uint8)
+    return np.resize(block, nbytes)
+
+
+def measure_piecewise(client: Any, spec: GraphSpec, to_client: bool) -> Measurement:
+    """Time moving each piece made on the first worker to the client, or to the other worker
+    (np.sum there); each is released before the next (256 MiB pieces: ~1 GiB alive)."""
+    source, other = workers(client)[:2]
+    seconds = 0.0
+    for _ in range(spec.size // spec.piece):
+        made = _on(client, source, _random_bytes, spec.piece)
+        wait(made)
+        start = perf_counter()
+        if to_client:
+            client.gather(made)
+        else:
+            _on(client, other, np.sum, made).result()
+        seconds += perf_counter() - start
+        del made
+    return Measurement(spec.size // spec.piece, seconds)
+
+
+def measure_rechunk(client: Any, spec: GraphSpec, method: str) -> Measurement:
+    """Column blocks to row blocks: all-to-all, half of it between workers."""
+    (columns,) = _persisted(da.random.random((spec.size, spec.size), chunks=(spec.size, spec.piece)))
+    expected = client.compute(columns.sum()).result()
+    rows = columns.rechunk((spec.piece, spec.size), method=method)
+    start = perf_counter()
+    (rows,) = _persisted(rows)
+    seconds = perf_counter() - start
+    del columns
+    check(bool(np.allclose(client.compute(rows.sum()).result(), expected)), "rechunked sum")
+    return Measurement(1, seconds)
+
+
+def measure_array(client: Any, spec: GraphSpec) -> Measurement:
+    """``(x + x.T).sum()``: the transpose makes chunks cross workers."""
+    x = da.random.random((spec.size, spec.size), chunks=spec.piece)
+    return _computed(client, (x + x.T).sum(), 2 * client.compute(x.sum()).result(), close=True)
+
+
+def _random_frame(seed: int, rows: int) -> Any:
+    """One partition, made on the worker: not shipped in the graph (1M rows: 15 MiB of it)."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"key": rng.integers(0, 1000, rows), "value": rng.random(rows)})
+
+
+def measure_shuffle(client: Any, spec: GraphSpec) -> Measurement:
+    """Shuffle on ``key`` (P2P on a cluster) and count rows per partition:
+    ``len`` alone would be optimised into skipping the shuffle."""
+    (data,) = _persisted(dd.from_map(_random_frame, range(spec.size // spec.piece), rows=spec.piece))
+    return _computed(client, data.shuffle("key").map_partitions(len).sum(), spec.size)
+
+
+def measure_tree(client: Any, spec: GraphSpec) -> Measurement:
+    """Delayed sums of ``piece`` values, level by level: tiny tasks, so messages dominate."""
+    level = [dask.delayed(int)(i) for i in range(spec.size)]  # a task per leaf
+    while len(level) > 1:
+        level = [dask.delayed(sum)(level[i:i + spec.piece])
+                 for i in range(0, len(level), spec.piece)]
+    return _computed(client, level[0], spec.size * (spec.size - 1) // 2)
+
+
+def _stencil(left: np.ndarray, middle: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """One step of one cell: a 3-point average over its ring neighbours."""
+    return (left + 2 * middle + right) / 4
+
+
+def measure_amt(client: Any, spec: GraphSpec) -> Measurement:
+    """HPX's 1d_stencil: ``piece`` cells on a ring for ``size`` steps, a task per cell and
+    step, cell ``i`` on worker ``i % 2``: every dependency crosses workers."""
+    steps, cells, points = spec.size, spec.piece, 128  # 1 KiB a cell: a task's whole payload
+    pinned = workers(client)
+    home = [pinned[i % len(pinned)] for i in range(cells)]
+    start = perf_counter()
+    row = [_on(client, home[i], np.full, points, float(i)) for i in range(cells)]
+    for _ in range(steps):
+        row = [_on(client, home[i], _stencil, row[i - 1], row[i], row[(i + 1) % cells])
+               for i in range(cells)]
+    result = client.gather(row)
+    seconds = perf_counter() - start
+    grid = np.stack([np.full(points, float(i)) for i in range(cells)])
+    for _ in range(steps):
+        grid = _stencil(np.roll(grid, 1, axis=0), grid, np.roll(grid, -1, axis=0))
+    check(bool(np.allclose(np.stack(result), grid)), "stencil grid")
+    return Measurement(steps * cells, seconds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from time import monotonic
 from typing import Any
 
@@ -32,47 +32,35 @@ CHAIN_LATENCY = Metric("latency", "us/round trip, each comm", False)
 IDLE_CPU = Metric("cpu", f"CPU s per {IDLE_PER_S:g} s idle", False)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """A benchmark with its budgets as ``(quick, full)`` pairs."""
+def _plans(quick: bool, scale: float = 1.0) -> list[Benchmark]:
+    """Every comm benchmark, its budgets given as ``(quick, full)`` pairs; ``scale`` shortens
+    timed windows (not count caps) for long runs."""
+    i = 0 if quick else 1
 
-    name: str
-    kind: str
-    payload_bytes: int
-    metrics: tuple[Metric, ...]
-    duration_s: tuple[float, float]
-    max_count: tuple[int, int]
-    warmup: tuple[int, int]
-    comms: int = 1
-    settle_s: tuple[float, float] = (0.0, 0.0)
+    def plan(name: str, kind: str, size: int, metrics: tuple[Metric, ...], duration: tuple[float, float],
+             max_count: tuple[int, int], warmup: tuple[int, int], comms: int = 1,
+             settle: tuple[float, float] = (0.0, 0.0)) -> Benchmark:
+        timed = duration[i] * scale
+        return Benchmark(BenchSpec(name, kind, size, timed, max_count[i], warmup[i],
+                                   settle[i] + timed + (15.0 if quick else 60.0), comms, settle[i]), metrics)
 
-    def build(self, quick: bool, scale: float) -> Benchmark:
-        """``scale`` shortens timed windows (not count caps) for long runs."""
-        i = 0 if quick else 1
-        duration = self.duration_s[i] * scale
-        return Benchmark(BenchSpec(
-            self.name, self.kind, self.payload_bytes, duration, self.max_count[i],
-            self.warmup[i], self.settle_s[i] + duration + (15.0 if quick else 60.0), self.comms,
-            self.settle_s[i]), self.metrics)
+    def pingpong(size: int) -> Benchmark:
+        big = size >= 16 * MiB
+        return plan(f"pingpong-{size_name(size)}", "pingpong", size, (LATENCY, BANDWIDTH),
+                    (0.2, 1.5) if big else (0.05, 0.3), (200, 200_000),
+                    (1, 1) if big else (2, 100 if size <= 64 * KiB else 5))
 
-
-def _pingpong(size: int) -> _Plan:
-    big = size >= 16 * MiB
-    return _Plan(f"pingpong-{size_name(size)}", "pingpong", size, (LATENCY, BANDWIDTH),
-                 (0.2, 1.5) if big else (0.05, 0.3), (200, 200_000),
-                 (1, 1) if big else (2, 100 if size <= 64 * KiB else 5))
+    return [
+        *map(pingpong, (8, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB)),
+        *(plan(f"flood-{size_name(size)}-x{n}", "flood", size, (MESSAGES,), (0.05, 0.5),
+               (500, 2_000_000), (2, 20), comms=n) for size in (8, 16 * KiB) for n in (1, 4, 16)),
+        *(plan(f"nchains-{n}", "nchains", 8, (ALL_CHAINS, CHAIN_LATENCY), (0.05, 0.5),
+               (5, 100_000), (1, 2), comms=n) for n in (1, 4, 16, 64, 256, 1024)),
+        plan(IDLE, IDLE, 0, (IDLE_CPU,), (1.0, 10.0), (1, 1), (0, 0), settle=(0.5, 2.0)),
+    ]
 
 
-PLANS = (
-    *(_pingpong(size) for size in (8, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB,
-                                   16 * MiB, 64 * MiB)),
-    *(_Plan(f"flood-{size_name(size)}-x{n}", "flood", size, (MESSAGES,), (0.05, 0.5),
-            (500, 2_000_000), (2, 20), comms=n) for size in (8, 16 * KiB) for n in (1, 4, 16)),
-    *(_Plan(f"nchains-{n}", "nchains", 8, (ALL_CHAINS, CHAIN_LATENCY), (0.05, 0.5),
-            (5, 100_000), (1, 2), comms=n) for n in (1, 4, 16, 64, 256, 1024)),
-    _Plan(IDLE, IDLE, 0, (IDLE_CPU,), (1.0, 10.0), (1, 1), (0, 0), settle_s=(0.5, 2.0)),
-)
-BENCHMARK_NAMES = tuple(p.name for p in PLANS)
+BENCHMARK_NAMES = tuple(b.name for b in _plans(quick=True))
 
 #: What ``variants`` measures by default: the paper's table, and bandwidth.
 VARIANT_BENCHMARKS = ("pingpong-8B", "flood-8B-x1", "flood-8B-x16", "nchains-64",
@@ -141,7 +129,7 @@ def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
 def benchmarks(only: Sequence[str] | None, quick: bool, default: Sequence[str] = BENCHMARK_NAMES,
                scale: float = 1.0) -> list[Benchmark]:
     wanted = _runner.select(only, default, BENCHMARK_NAMES)
-    return [p.build(quick, scale) for p in PLANS if p.name in wanted]
+    return [b for b in _plans(quick, scale) if b.name in wanted]
 
 
 def run_round(c: Configuration, benches: list[Benchmark], index: int,
@@ -156,22 +144,15 @@ def run_round(c: Configuration, benches: list[Benchmark], index: int,
 def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
               record: Callable[[Record], None]) -> None:
     """``specs`` on one fresh server and client, both carrying the configuration."""
-    if not specs:
-        return
-    answered = 0
-    try:
+
+    def answers() -> Iterator[tuple[BenchSpec, Any]]:
         with started_pair(c, specs) as (_, client):
             deadline = monotonic() + STARTUP_TIMEOUT_S + sum(s.timeout_s for s in specs)
             for spec in specs:
-                kind, name, payload = receive(client, deadline - monotonic())
-                if name != spec.name:
-                    raise PeerError(f"peer answered {name!r} while {spec.name!r} was expected")
-                record(_record(spec, c.label, index, payload) if kind == "result"
-                       else Record(name, c.label, index, error=payload))
-                answered += 1
-    except PeerError as exc:
-        for spec in specs[answered:]:
-            record(Record(spec.name, c.label, index, error=str(exc)))
+                yield spec, receive(client, deadline - monotonic())
+
+    if specs:
+        _runner.record_answers(c.label, index, specs, answers(), record, _values)
 
 
 @contextmanager
@@ -188,7 +169,7 @@ def started_pair(c: Configuration, specs: list[BenchSpec], run_specs: RunSpecs |
         yield server, client
 
 
-def _record(spec: BenchSpec, label: str, index: int, m: Measurement) -> Record:
+def _values(spec: BenchSpec, m: Measurement) -> tuple[dict[str, float], dict[str, Any]]:
     """The measurement's metrics (see the ``Metric`` constants) and raw numbers."""
     per_s = m.count / m.seconds
     if spec.kind == IDLE:
@@ -199,7 +180,7 @@ def _record(spec: BenchSpec, label: str, index: int, m: Measurement) -> Record:
         values = {"rate": per_s, "latency": spec.comms * 1e6 / per_s}
     else:
         values = {"rate": per_s}
-    return Record(spec.name, label, index, values, asdict(m))
+    return values, asdict(m)
 
 
 def run_idle(spec: BenchSpec, c: Configuration, index: int) -> Record:
@@ -210,7 +191,7 @@ def run_idle(spec: BenchSpec, c: Configuration, index: int) -> Record:
         m = measure_idle(c, spec.settle_s, spec.duration_s, spec.timeout_s)
     except PeerError as exc:
         return Record(spec.name, c.label, index, error=str(exc))
-    return _record(spec, c.label, index, m)
+    return Record(spec.name, c.label, index, *_values(spec, m))
 
 
 def _unit(bench: Benchmark, metric: Metric) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._runner import csv, format_number, format_ratio, progress
+from benchmarks._runner import csv, draw, format_number, format_ratio, progress
 
 Json = dict[str, Any]
 
@@ -122,10 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     data = json.loads(args.results.read_text())
     if args.plot is not None:
-        from benchmarks.plots import plot
-
-        for path in plot(data, args.plot):
-            progress(f"wrote {path}")
+        draw(data, args.plot)
         return 0
     try:
         print(results_table(data, args.rows, args.ratios, args.labels))

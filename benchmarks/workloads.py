@@ -4,7 +4,6 @@ and why: docs/benchmarks.md, "Workloads"."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import logging
@@ -29,12 +28,12 @@ from benchmarks._runner import align, alternated, csv, one_line, progress
 from benchmarks._sampler import Sampler, pss
 from benchmarks._testbed import testbed
 from benchmarks._workload_suite import BY_NAME, WORKLOADS
+from benchmarks.comm import SCHEMES
 from dask_lcicomm.testing.netns import unavailable
 
 WARM_UP_SIZE = 0.01  # of the untimed run before each workload: imports, first connections
 STARTUP_S, STARTUP_PER_WORKER_S = 60.0, 4.0  # for a cluster to start, and more per worker
 WORKLOAD_TIMEOUT_S = 300.0  # for one workload and its warm-up, before its round is given up
-SCHEMES = ("lci", "tcp", "ucxx")
 REQUIRES = {"ucxx": "distributed_ucxx"}  # what a scheme needs beyond our dependencies
 SAMPLE_S = 0.1  # between samples of the cluster's memory
 #: What is measured around a timed part, in the order :meth:`Meter.timed` measures it.
@@ -290,23 +289,18 @@ def report_page(data: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks workloads", description=__doc__)
+    parser = _runner.parser("workloads", __doc__, (), "3, or 1 with --quick", baseline=False, plot=False)
     add = parser.add_argument
-    add("--quick", action="store_true", help="one round of local-2 at a small size (a check that all runs)")
-    add("--settings", type=csv, help=f"default: {','.join(_SETTING)}")
+    add("--settings", type=_runner.subset(_SETTING), help=f"default: {','.join(_SETTING)}")
     add("--schemes", type=csv, default=list(SCHEMES),
         help=f"default: {','.join(SCHEMES)}; one not installed is left out")
-    add("--workloads", type=csv, help=f"default: {','.join(BY_NAME)}")
-    add("--rounds", type=_runner.positive, help="default: 3, or 1 with --quick")
+    add("--workloads", type=_runner.subset(BY_NAME), help=f"default: {','.join(BY_NAME)}")
     add("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
     add("--repeat", type=_runner.positive, default=1,
         help="timed runs of each workload per cluster, default 1; the runs after the first are warm")
-    add("--json", type=Path, metavar="OUT", help="write the records to OUT, again after each round")
     args = parser.parse_args(argv)
     names = args.workloads or list(BY_NAME)
     chosen = args.settings or (["local-2"] if args.quick else list(_SETTING))
-    if unknown := [n for n in names if n not in BY_NAME] + [s for s in chosen if s not in _SETTING]:
-        parser.error(f"unknown workloads or settings: {unknown}")
     settings = [_SETTING[s] for s in chosen]
     if any(s.per_host for s in settings) and (why := unavailable()) is not None:
         progress(f"simulated hosts left out: {why}")
