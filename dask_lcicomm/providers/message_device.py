@@ -125,8 +125,10 @@ class MessageDevice(RoutedDevice):
     @property
     def input_pending(self) -> bool:
         """Stream left, or an end that no event will announce again."""
-        ended = self._inbox.ended or self._failed is not None or self._violation is not None
-        return not self.lost and (bool(self._inbox.stream) or ended)
+        if self._lost is not None:
+            return False
+        inbox = self._inbox
+        return bool(inbox.stream) or inbox.ended or self._failed is not None or self._violation is not None
 
     # -- sending ---------------------------------------------------------
 
@@ -259,7 +261,7 @@ class MessageDevice(RoutedDevice):
 
     @property
     def queued_bytes(self) -> int:
-        return super().queued_bytes + self._held.nbytes
+        return self._queue.queued_bytes + self._held.nbytes
 
     def flush(self) -> bool:
         return super().flush() and not self._held
@@ -307,10 +309,12 @@ class MessageDevice(RoutedDevice):
 
     # -- receiving (under the fabric's lock) --------------------------------
 
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> None:
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> bool:
         if self._violation is not None:
             raise ProtocolError(self._violation)
-        self._inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._outbox.route), data=data)
+        inbox = self._inbox
+        inbox.arrived(kind, number, nbytes, message, welcomed=bool(self._outbox.route), data=data)
+        return inbox.busy
 
     def reap(self) -> bool:
         inbox = self._inbox

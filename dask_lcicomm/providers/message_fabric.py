@@ -344,13 +344,11 @@ class MessageFabric(SharedSource):
                 self._drop(nbytes, message, data)
                 continue
             try:
-                device.arrived(kind, number, nbytes, message, data)
+                if device.arrived(kind, number, nbytes, message, data):
+                    self._busy.add(device)
             except ProtocolError as e:
                 self._drop(nbytes, message, data)
                 device.violated(str(e))
-            else:
-                if device.busy:
-                    self._busy.add(device)
             news.add(device)
         return False
 

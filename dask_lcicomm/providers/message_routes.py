@@ -19,10 +19,11 @@ class RoutedDevice(Device):
     route: int
 
     @abstractmethod
-    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> None:
+    def arrived(self, kind: int, number: int, nbytes: int, message: Any, data: Any) -> bool:
         """Receive ``message`` (a handle from :meth:`MessageFabric.take`),
         or take its ``data`` where it came with it; or raise
-        ``ProtocolError`` before receiving anything."""
+        ``ProtocolError`` before receiving anything. True when the fabric
+        now works for the device (a receive or read under way)."""
 
     @abstractmethod
     def reap(self) -> bool:
