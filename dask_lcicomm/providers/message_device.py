@@ -64,13 +64,9 @@ logger = logging.getLogger(__name__)
 
 #: Stream bytes in flight, in send batches, before sends wait for the fabric.
 _INFLIGHT_BATCHES = 8
-
-
-def _stream_message(buffers: list[Any]) -> bytes:
-    """Stream bytes as one message of their own: joined, unless one immutable
-    buffer. A write counts as sent once posted, so the fabric must no longer
-    read the caller's memory then."""
-    return buffers[0] if len(buffers) == 1 and type(buffers[0]) is bytes else b"".join(buffers)
+#: Stream messages from this size go as the list of their buffers where the
+#: fabric gathers them; smaller ones cost less joined.
+_GATHERED_BYTES = 8192
 
 
 class MessageDevice(RoutedDevice):
@@ -177,11 +173,23 @@ class MessageDevice(RoutedDevice):
             with self._fabric.lock:
                 if self._outbox.unposted or self._outbox.inflight_bytes >= self._max_inflight:
                     return False
-                message = _stream_message(unit.next_unit())
-                self._outbox.post(message, STREAM, self._prompt_sent, len(message))
+                nbytes = unit.nbytes
+                self._outbox.post(self._stream_message(unit.next_unit(), nbytes), STREAM,
+                                  self._prompt_sent, nbytes)
         if token is not None:
             self.completion.push((self, SendDone(token)))
         return True
+
+    def _stream_message(self, buffers: list[Any], nbytes: int) -> Any:
+        """``buffers`` (``nbytes`` of the stream) as one message: where they
+        lie, if large and the fabric gathers; else one bytes object. Read
+        after the write is done, as ``tcp://`` reads them: Dask does not
+        change a frame it wrote."""
+        if len(buffers) == 1 and type(buffers[0]) is bytes:
+            return buffers[0]
+        if nbytes >= _GATHERED_BYTES and self._fabric.gathers:
+            return buffers
+        return b"".join(buffers)
 
     def hello(self, listener: int) -> None:
         """Ask the peer's listener numbered ``listener`` for its end (under
@@ -213,12 +221,12 @@ class MessageDevice(RoutedDevice):
                     self._outbox.post(readable, CONTROL, READABLE)
                     continue
                 # Several buffers (a large frame's shards) are one message:
-                # read where they lie where the fabric gathers and the parcel
-                # waits for the send to finish, else copied into one.
+                # read where they lie where the fabric gathers, as one buffer
+                # is, else copied into one.
                 message: Any
                 if len(views) == 1:
                     message = views[0]
-                elif held is not None and self._fabric.gathers:
+                elif self._fabric.gathers:
                     message = list(views)
                 else:
                     message = b"".join(views)
@@ -300,7 +308,8 @@ class MessageDevice(RoutedDevice):
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
                 if batch_bytes >= self._batch_bytes or i == last:
-                    outbox.post(_stream_message(batch), STREAM, self._prompt_sent, batch_bytes)
+                    outbox.post(self._stream_message(batch, batch_bytes), STREAM, self._prompt_sent,
+                                batch_bytes)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
         if not n:
