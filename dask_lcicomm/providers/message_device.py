@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 
 #: Stream bytes in flight, in send batches, before sends wait for the fabric.
 _INFLIGHT_BATCHES = 8
-#: Stream messages from this size go as the list of their buffers where the
-#: fabric gathers them; smaller ones cost less joined.
+#: Stream messages whose buffers hold this much on average go as the list of
+#: them where the fabric gathers; many small buffers cost less joined.
 _GATHERED_BYTES = 8192
 
 
@@ -187,7 +187,7 @@ class MessageDevice(RoutedDevice):
         change a frame it wrote."""
         if len(buffers) == 1 and type(buffers[0]) is bytes:
             return buffers[0]
-        if nbytes >= _GATHERED_BYTES and self._fabric.gathers:
+        if nbytes >= _GATHERED_BYTES * len(buffers) and self._fabric.gathers:
             return buffers
         return b"".join(buffers)
 
