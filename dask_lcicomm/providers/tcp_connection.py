@@ -273,7 +273,8 @@ class Connection:
 
     def _parse(self) -> None:
         """Take the messages staged: each staged whole with its bytes, up to
-        the first whose header alone is, which is received before the next."""
+        the first that is not and cannot be (larger than the stage), which is
+        received before the next."""
         if self._preface:
             if self._staged_bytes < len(PREFACE):
                 return
@@ -287,6 +288,8 @@ class Connection:
             tag, nbytes = HEADER.unpack_from(self._stage, self._start)
             start = self._start + HEADER.size
             if nbytes > self._end - start:
+                if HEADER.size + nbytes <= len(self._stage):
+                    return  # staged whole once the rest is read: cheaper than a receive
                 self._start = start
                 self.incoming = nbytes
                 self._taken(tag, nbytes, self, None)
