@@ -128,10 +128,10 @@ class Connection:
             total = HEADER.size + len(message)
         else:
             if type(message) is list:
-                parts = [view for view in (memoryview(m).cast("B") for m in message) if view.nbytes]
+                parts = [view for m in message if (view := memoryview(m).cast("B"))]
             else:
                 parts = [memoryview(message).cast("B")]
-            nbytes = sum(part.nbytes for part in parts)
+            nbytes = sum(map(len, parts))
             header = memoryview(HEADER.pack(tag, nbytes))
             buffers = (header, *parts) if nbytes else (header,)
             total = HEADER.size + nbytes
@@ -166,7 +166,8 @@ class Connection:
                 n = self.sock.sendmsg(iov)
             except (BlockingIOError, InterruptedError):
                 return
-            full = n < sum(buffer.nbytes for buffer in iov)
+            # Bytes views all (cast to "B"): their len is their size.
+            full = n < sum(map(len, iov))
             while n:
                 n = _advance(sends[0].buffers, n)
                 if not sends[0].buffers:
