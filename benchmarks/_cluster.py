@@ -1,12 +1,14 @@
-"""A ``LocalCluster`` and its ``Client`` in a child process that answers the parent's requests
-(``dask`` runs graphs on it), and the ``idle`` benchmark: that process tree's idle CPU time."""
+"""A ``LocalCluster`` (or a client of a cluster started elsewhere) in a child process that
+answers the parent's requests (``dask`` runs graphs on it, ``workloads`` its workloads), and the
+``idle`` benchmark: that process tree's idle CPU time."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -14,7 +16,7 @@ import psutil
 
 from benchmarks._comm_peers import Measurement
 from benchmarks._contenders import STARTUP_TIMEOUT_S, Configuration
-from benchmarks._procs import Peer, PeerError, expect, spawned
+from benchmarks._procs import Peer, PeerError, expect, receive, spawned
 
 N_WORKERS = 2
 
@@ -24,14 +26,18 @@ INPROC = "inproc"
 Answer = Callable[[Any, Any], Any]  # answer(client, request): what the child sends back
 
 
-def cluster_main(conn: Connection, scheme: str, answer: Answer) -> None:
-    """Child: ``("ready", workers)``, then one answer per request until EOF."""
+def cluster_main(conn: Connection, scheme: str, answer: Answer, n_workers: int,
+                 address: str | None, startup_s: float) -> None:
+    """Child: a ``LocalCluster`` of ``n_workers`` single-threaded workers, or the cluster at
+    ``address``; ``("ready", workers)``, then one answer per request until EOF."""
     from distributed import Client, LocalCluster
 
+    logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)  # a WARNING per P2P shuffle
     kind = {"processes": False} if scheme == INPROC else {"protocol": scheme, "processes": True}
-    with (LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, dashboard_address=":0",
-                       **kind) as cluster, Client(cluster) as client):
-        client.wait_for_workers(N_WORKERS, timeout=STARTUP_TIMEOUT_S / 2)
+    with ExitStack() as stack:
+        client = stack.enter_context(Client(address or stack.enter_context(LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, dashboard_address=":0", **kind))))
+        client.wait_for_workers(n_workers, timeout=startup_s)
         if scheme != INPROC:
             _check_same_backend(client, scheme)
         conn.send(("ready", workers(client)))
@@ -75,12 +81,23 @@ def answer_idle(client: Any, providers: bool) -> tuple[str, Any]:
 
 
 @contextmanager
-def started_cluster(c: Configuration, answer: Answer) -> Iterator[tuple[Peer, list[str]]]:
+def started_cluster(c: Configuration, answer: Answer, n_workers: int = N_WORKERS,
+                    address: str | None = None, startup_s: float = STARTUP_TIMEOUT_S / 2
+                    ) -> Iterator[tuple[Peer, list[str]]]:
     """The child running ``c``'s cluster and its workers, once all are up; stopped on exit."""
-    with spawned(cluster_main, c.scheme, answer, name=f"{c.label}-cluster",
-                 dask_config=c.overrides, pythonpath=c.pythonpath,
+    with spawned(cluster_main, c.scheme, answer, n_workers, address, startup_s,
+                 name=f"{c.label}-cluster", dask_config=c.overrides, pythonpath=c.pythonpath,
                  daemon=False) as cluster:  # it starts worker processes
-        yield cluster, expect(cluster, "ready", STARTUP_TIMEOUT_S)
+        yield cluster, expect(cluster, "ready", startup_s + 30)
+
+
+def cluster_answers(c: Configuration, answer: Answer, specs: Sequence[Any], **cluster: Any
+                    ) -> Iterator[tuple[Any, Any]]:
+    """Each spec with its answer from one fresh cluster child of ``c``, asked in turn."""
+    with started_cluster(c, answer, **cluster) as (peer, _):
+        for spec in specs:
+            send_request(peer, spec)
+            yield spec, receive(peer, spec.timeout_s)
 
 
 def send_request(cluster: Peer, request: Any) -> None:

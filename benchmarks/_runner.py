@@ -11,6 +11,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,15 +34,22 @@ class Metric:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """What a contender measures: ``spec`` (a frozen dataclass with a
-    ``name``) goes to its processes; the first metric is the headline."""
+    """What a contender measures: ``spec`` (a frozen dataclass with a ``name``) goes to its
+    processes; the first metric is the headline. ``kind`` groups benchmarks in tables and
+    figures (default: the name's first word); ``runs`` records come of a contender's round."""
 
     spec: Any
     metrics: tuple[Metric, ...]
+    kind: str = ""
+    runs: int = 1
 
     @property
     def name(self) -> str:
         return str(self.spec.name)
+
+    @property
+    def group(self) -> str:
+        return self.kind or self.name.split("-")[0]
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class Run:
     status: dict[str, Status] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    complete: bool = False
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -99,8 +109,10 @@ class Run:
 
 
 def run(command: str, configurations: Sequence[Configuration], benchmarks: Sequence[Benchmark],
-        rounds: int, quick: bool, run_round: RoundRunner) -> Run:
-    """Every available contender once per round, the order rotated each round."""
+        rounds: int, quick: bool, run_round: RoundRunner, stage: Callable[[Benchmark], Any] = lambda _: 0,
+        after_round: Callable[[Run], None] = lambda _: None) -> Run:
+    """Every available contender once per round, the order rotated each round; benchmarks of
+    one ``stage`` (a cluster's setting) finish their rounds before the next stage's start."""
     labels = [c.label for c in configurations]
     if len(set(labels)) != len(labels):
         raise ValueError(f"configuration labels must be unique, got {labels}")
@@ -110,7 +122,7 @@ def run(command: str, configurations: Sequence[Configuration], benchmarks: Seque
     for label, status in result.status.items():
         if not status.available:
             progress(f"{label}: {status.label} ({status.detail})")
-    total, heads = rounds * len(runnable) * len(benchmarks), {
+    total, heads = rounds * len(runnable) * sum(b.runs for b in benchmarks), {
         b.name: b.metrics[0] for b in benchmarks}
 
     def record(r: Record) -> None:
@@ -121,8 +133,14 @@ def run(command: str, configurations: Sequence[Configuration], benchmarks: Seque
         progress(f"[{len(result.records)}/{total}] round {r.round + 1} {r.configuration} "
                  f"{r.benchmark}: {outcome}")
 
-    for index, configuration in alternated(runnable, rounds):
-        run_round(configuration, list(benchmarks), index, record)
+    stages: dict[Any, list[Benchmark]] = {}
+    for bench in benchmarks:
+        stages.setdefault(stage(bench), []).append(bench)
+    for benches in stages.values():
+        for index, configuration in alternated(runnable, rounds):
+            run_round(configuration, benches, index, record)
+            after_round(result)
+    result.complete = True
     return result
 
 
@@ -131,7 +149,7 @@ def record_answers(label: str, index: int, specs: Sequence[Any],
                    measured: Callable[[Any, Any], tuple[dict[str, float], dict[str, Any]]]) -> None:
     """Records the answer ``(kind, name, payload)`` to each spec in turn: a ``"result"``'s metrics
     and raw numbers by ``measured(spec, payload)``, else its error; a :class:`PeerError` (a peer
-    died, hung or crashed) fails every spec not answered yet."""
+    died, hung or crashed) or a cluster that did not start fails every spec not answered yet."""
     done = 0
     try:
         for spec, (kind, name, payload) in answers:
@@ -140,9 +158,9 @@ def record_answers(label: str, index: int, specs: Sequence[Any],
             record(Record(name, label, index, *measured(spec, payload)) if kind == "result"
                    else Record(name, label, index, error=payload))
             done += 1
-    except PeerError as exc:
+    except (RuntimeError, OSError) as exc:  # PeerError is a RuntimeError
         for spec in specs[done:]:
-            record(Record(spec.name, label, index, error=str(exc)))
+            record(Record(spec.name, label, index, error=(str(exc).splitlines() or [""])[0]))
 
 
 def alternated(contenders: Sequence[Any], rounds: int) -> Iterator[tuple[int, Any]]:
@@ -179,22 +197,24 @@ def progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def to_json(result: Run, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """Everything the tables show, every round included; ratios >1: the first label is better."""
+def to_json(result: Run, pairs: Sequence[tuple[str, str]], **config: Any) -> dict[str, Any]:
+    """Everything the tables show, every round included, and the command's own ``config``;
+    ratios >1: the first label is better."""
     return {
         "command": result.command,
         "environment": result.environment,
+        "complete": result.complete, "seconds": round(time.monotonic() - result.started),
         "config": {
             "configurations": [asdict(c) | {"dask_config": c.overrides}
                                for c in result.configurations],
             "rounds": result.rounds, "quick": result.quick,
             "ratios": [f"{a}/{b}" for a, b in pairs],
             "median": "of successful rounds; even count: the worse middle value",
-            "benchmarks": [asdict(b.spec) for b in result.benchmarks],
+            "benchmarks": [asdict(b.spec) for b in result.benchmarks], **config,
         },
         "status": {label: asdict(s) for label, s in result.status.items()},
         "results": [{
-            "benchmark": b.name, "metric": m.key, "unit": m.unit,
+            "benchmark": b.name, "kind": b.group, "metric": m.key, "unit": m.unit,
             "higher_is_better": m.higher_is_better,
             "per_configuration": {label: {"status": result.status[label].label,
                                           "rounds": result.values(b, m, label),
@@ -209,17 +229,16 @@ def to_json(result: Run, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 
 
 def table(result: Run, head: Sequence[str], describe: Callable[[Benchmark, Metric], str],
-          pairs: Sequence[tuple[str, str]], quotients: bool = False, unit: str = "",
-          group: Callable[[Benchmark], str] = lambda b: b.name.split("-")[0]) -> str:
+          pairs: Sequence[tuple[str, str]], quotients: bool = False, unit: str = "") -> str:
     """A row per benchmark metric: each contender's median, then per pair the ratio (>1
     better) or, with ``quotients``, the plain quotient of the medians (times: <1 faster)."""
     cells = [[*head, *(f"{label}{unit}" for label in result.labels),
               *(f"{a}/{b}" for a, b in pairs)]]
     rules, previous = [1], None
     for bench in result.benchmarks:
-        if previous is not None and group(bench) != previous:
+        if previous is not None and bench.group != previous:
             rules.append(len(cells))
-        previous = group(bench)
+        previous = bench.group
         for metric in bench.metrics:
             of = result.quotient if quotients else result.ratio
             cells.append([bench.name, describe(bench, metric),
@@ -321,7 +340,7 @@ def source_revision() -> str:
 
 
 def parser(prog: str, description: str, names: Sequence[str], rounds: str,
-           baseline: bool = True, plot: bool = True) -> argparse.ArgumentParser:
+           baseline: bool = True) -> argparse.ArgumentParser:
     """The options every side-by-side benchmark takes (``--benchmarks`` if it names any)."""
     p = argparse.ArgumentParser(prog=f"python -m benchmarks {prog}", description=description)
     p.add_argument("--quick", action="store_true", help="tiny budgets, 1 round: a smoke run")
@@ -333,8 +352,7 @@ def parser(prog: str, description: str, names: Sequence[str], rounds: str,
         p.add_argument("--baseline", metavar="PATH", help=f"also measure {BASELINE_BUILD}: lci as "
                        "built by 'pip install --no-deps --target PATH <checkout>'")
     p.add_argument("--json", type=Path, metavar="OUT", help="write every round's numbers to OUT")
-    if plot:
-        p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="draw the figures (PNG) into DIR")
     return p
 
 

@@ -4,18 +4,16 @@ Each times only its own part (its input is made untimed), in pieces, and checks 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from benchmarks import _runner, comm
 from benchmarks import _workload_suite as suite
-from benchmarks._cluster import INPROC, send_request, started_cluster
+from benchmarks._cluster import INPROC, cluster_answers
 from benchmarks._comm_peers import Measurement
 from benchmarks._contenders import Configuration
-from benchmarks._procs import receive
 from benchmarks._runner import Benchmark, Metric, Record
 from benchmarks._workload_suite import GraphSpec, MiB
 
@@ -68,7 +66,6 @@ GRAPHS = {g.name: g for g in (
 
 def answer_graph(client: Any, spec: GraphSpec) -> tuple[str, str, Any]:
     """Cluster child: warm up at a tiny size, then time ``spec``; a failure keeps the cluster."""
-    logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)  # a WARNING per P2P shuffle
     graph = GRAPHS[spec.name]
     try:
         graph.measure(client, graph.spec(WARM_UP))
@@ -80,15 +77,9 @@ def answer_graph(client: Any, spec: GraphSpec) -> tuple[str, str, Any]:
 def run_round(c: Configuration, benches: list[Benchmark], index: int,
               record: Callable[[Record], None]) -> None:
     """Every graph, one after the other, on one fresh cluster."""
-
-    def answers() -> Iterator[tuple[GraphSpec, Any]]:
-        with started_cluster(c, answer_graph) as (cluster, _):
-            for bench in benches:
-                send_request(cluster, bench.spec)
-                yield bench.spec, receive(cluster, bench.spec.timeout_s)
-
-    _runner.record_answers(c.label, index, [b.spec for b in benches], answers(), record, lambda _, m: (
-        {"time": m.seconds}, {"count": m.count, "seconds": m.seconds}))
+    specs = [b.spec for b in benches]
+    _runner.record_answers(c.label, index, specs, cluster_answers(c, answer_graph, specs), record,
+                           lambda _, m: ({"time": m.seconds}, {"count": m.count, "seconds": m.seconds}))
 
 
 def describe(bench: Benchmark, metric: Metric | None = None) -> str:
@@ -118,13 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = configurations(args.schemes or comm.SCHEMES, args.baseline)
     except ValueError as exc:
         p.error(str(exc))
-    benches = [Benchmark(GRAPHS[name].spec(QUICK if args.quick else FULL), (TIME,))
+    benches = [Benchmark(GRAPHS[name].spec(QUICK if args.quick else FULL), (TIME,), GRAPHS[name].kind)
                for name in args.benchmarks or GRAPHS]
     result = _runner.run("dask", chosen, benches, rounds, args.quick, run_round)
     pairs = comm.ratio_pairs(result.labels)
     data = _runner.to_json(result, pairs)
     for entry, bench in zip(data["results"], result.benchmarks, strict=True):
-        entry |= {"description": describe(bench), "kind": GRAPHS[bench.name].kind}
-    text = _runner.table(result, ("graph", "what"), describe, pairs, quotients=True,
-                         unit=" [s]", group=lambda b: GRAPHS[b.name].kind)
+        entry["description"] = describe(bench)
+    text = _runner.table(result, ("graph", "what"), describe, pairs, quotients=True, unit=" [s]")
     return _runner.finish(args, text, data)

@@ -82,9 +82,18 @@ def budget_table(data: Json) -> str:
     return "\n\n".join(sections)
 
 
+def command_table(data: Json) -> str:
+    """The run's tables as its command lays them out."""
+    if data["command"] == "workloads":
+        from benchmarks.workloads import report_page  # its measuring needs Dask: not imported here
+
+        return report_page(data)
+    return budget_table(data) if data["command"] == "budget" else results_table(data)
+
+
 def page(data: Json, figures: list[Path], page_dir: Path) -> str:
     """The Markdown page of one run; ``figures`` are linked relative to it."""
-    table = budget_table(data) if data["command"] == "budget" else results_table(data)
+    table = command_table(data)
     images = [f"![{path.stem}]({os.path.relpath(path, page_dir)})" for path in figures]
     return "\n\n".join([
         f"# {run_name(data)}",
@@ -125,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         draw(data, args.plot)
         return 0
     try:
-        print(results_table(data, args.rows, args.ratios, args.labels))
+        chosen = args.rows or args.ratios or args.labels
+        print(results_table(data, args.rows, args.ratios, args.labels) if chosen else command_table(data))
     except ValueError as exc:
         p.error(str(exc))
     return 0

@@ -4,41 +4,39 @@ and why: docs/benchmarks.md, "Workloads"."""
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import logging
+import functools
 import os
 import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
-from distributed import Client, LocalCluster
 
-from benchmarks import _runner
-from benchmarks._procs import PeerError, expect, receive, spawned
-from benchmarks._runner import align, alternated, csv, one_line, progress
+from benchmarks import _runner, comm
+from benchmarks._cluster import cluster_answers, link_providers
+from benchmarks._contenders import Configuration
+from benchmarks._runner import Benchmark, Metric, Record, align, one_line, progress
 from benchmarks._sampler import Sampler, pss
 from benchmarks._testbed import testbed
-from benchmarks._workload_suite import BY_NAME, WORKLOADS
-from benchmarks.comm import SCHEMES
+from benchmarks._workload_suite import BY_NAME
 from dask_lcicomm.testing.netns import unavailable
 
 WARM_UP_SIZE = 0.01  # of the untimed run before each workload: imports, first connections
 STARTUP_S, STARTUP_PER_WORKER_S = 60.0, 4.0  # for a cluster to start, and more per worker
 WORKLOAD_TIMEOUT_S = 300.0  # for one workload and its warm-up, before its round is given up
-REQUIRES = {"ucxx": "distributed_ucxx"}  # what a scheme needs beyond our dependencies
 SAMPLE_S = 0.1  # between samples of the cluster's memory
 #: What is measured around a timed part, in the order :meth:`Meter.timed` measures it.
-KEYS = ("seconds", "cpu_seconds", "system_seconds", "minor_faults", "peak_mib", "comm_seconds",
-        "upload_seconds", "graph_seconds", "share")
+METRICS = tuple(Metric(key, unit, False) for key, unit in (
+    ("seconds", "s"), ("cpu_seconds", "s"), ("system_seconds", "s"), ("minor_faults", "faults"),
+    ("peak_mib", "MiB"), ("comm_seconds", "s"), ("upload_seconds", "s"), ("graph_seconds", "s"),
+    ("share", "of the time")))
+KEYS = tuple(m.key for m in METRICS)
 _TICKS = os.sysconf("SC_CLK_TCK")  # per second, in /proc/<pid>/stat
 
 
@@ -60,10 +58,21 @@ class Setting:
         return STARTUP_S + STARTUP_PER_WORKER_S * self.workers
 
 
-SETTINGS = (Setting("local-2", 2), Setting("local-16", 16),
-            Setting("hosts-10gbit", 8, per_host=2, rate="10gbit"),
-            Setting("hosts-1gbit", 8, per_host=2, rate="1gbit"))
-_SETTING = {s.name: s for s in SETTINGS}
+SETTINGS = {s.name: s for s in (Setting("local-2", 2), Setting("local-16", 16),
+                                Setting("hosts-10gbit", 8, per_host=2, rate="10gbit"),
+                                Setting("hosts-1gbit", 8, per_host=2, rate="1gbit"))}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload in a setting: its first timed run on a cluster, or (``warm``) the runs after."""
+
+    name: str
+    setting: Setting
+    workload: str
+    source: str  # the coiled/benchmarks test it is modelled on
+    warm: bool = False
+    timeout_s: float = WORKLOAD_TIMEOUT_S
 
 
 def worker_comm_seconds(dask_worker: Any) -> float:
@@ -152,188 +161,156 @@ class Meter:
         self.last = {k: round(v, 4) for k, v in zip(KEYS, values, strict=True)}
 
 
-def driver_main(conn: Connection, scheme: str, setting: Setting, address: str | None,
-                names: list[str], size: float, repeat: int) -> None:
-    """Child process: holds the client (and, without ``address``, the ``LocalCluster``), runs the
-    workloads and sends a record of each timed run or error, then the links lci ran over."""
-    from benchmarks._cluster import link_providers
-
-    # The scheduler logs every p2p shuffle's start and end at warning level.
-    logging.getLogger("distributed.shuffle._scheduler_plugin").setLevel(logging.ERROR)
-    with ExitStack() as stack:
-        client = stack.enter_context(Client(address or stack.enter_context(LocalCluster(
-            protocol=scheme, n_workers=setting.workers, threads_per_worker=1,
-            dashboard_address=":0"))))
-        client.wait_for_workers(setting.workers, timeout=setting.startup_s)
-        meter = Meter(client)
-        conn.send(("ready", None))
-        for name in names:
-            try:
-                BY_NAME[name].run(client, WARM_UP_SIZE, meter.timed)
-                for index in range(repeat):
-                    meter.last = None
-                    BY_NAME[name].run(client, size, meter.timed)
-                    if meter.last is None:
-                        raise RuntimeError(f"{name} timed nothing")
-                    conn.send(("record", {"workload": name, **meter.last, "run": index}))
-            except Exception as exc:
-                conn.send(("record", {"workload": name, "error": one_line(exc)}))
-        conn.send(("links", link_providers(client) if scheme == "lci" else None))
+@functools.cache
+def _meter(client: Any) -> Meter:
+    """The cluster child's one meter: it wraps the client's sending."""
+    return Meter(client)
 
 
-def _one_round(setting: Setting, scheme: str, round_index: int, names: list[str], size: float,
-               repeat: int, logdir: Path) -> list[dict[str, Any]]:
-    """Each workload's timed runs on a fresh cluster; errors become records, and lci's records
-    name the providers its processes' links ran over."""
-    base = {"setting": setting.name, "scheme": scheme, "round": round_index}
-    records: list[dict[str, Any]] = []
+#: In a cluster child: why each workload that failed did; its later runs are not made.
+_FAILED: dict[str, str] = {}
+
+
+def answer_workload(size: float, links: bool, client: Any, spec: WorkloadSpec) -> tuple[str, str, Any]:
+    """Cluster child: a timed run of the workload (its first on the cluster after an untimed one
+    at a tiny size); what was measured and, with ``links``, the providers lci's links ran over."""
+    meter, workload = _meter(client), BY_NAME[spec.workload]
     try:
+        if spec.workload in _FAILED:
+            raise RuntimeError(f"an earlier run failed: {_FAILED[spec.workload]}")
+        if not spec.warm:
+            workload.run(client, WARM_UP_SIZE, meter.timed)
+        meter.last = None
+        workload.run(client, size, meter.timed)
+        if meter.last is None:
+            raise RuntimeError(f"{spec.workload} timed nothing")
+    except Exception as exc:
+        _FAILED.setdefault(spec.workload, one_line(exc))
+        return ("error", spec.name, one_line(exc))
+    return ("result", spec.name, (meter.last, link_providers(client) if links else None))
+
+
+def run_round(size: float, c: Configuration, benches: list[Benchmark], index: int,
+              record: Callable[[Record], None]) -> None:
+    """One setting's workloads on a fresh cluster, each's first run followed by its warm runs;
+    lci's records name the providers its processes' links ran over."""
+    setting: Setting = benches[0].spec.setting
+    specs = [b.spec for b in benches for _ in range(b.runs)]
+
+    def answers() -> Iterator[tuple[WorkloadSpec, Any]]:
         with ExitStack() as stack:
-            address = None  # the driver starts a LocalCluster
+            address = None  # the cluster child starts a LocalCluster
             if setting.per_host:
+                logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="workloads-")))
                 address = stack.enter_context(testbed(
-                    setting.workers, scheme, setting.rate, logdir, per_host=setting.per_host,
+                    setting.workers, c.scheme, setting.rate, logdir, per_host=setting.per_host,
                     worker_options=("--memory-limit", "auto"))).scheduler
-            driver = stack.enter_context(spawned(driver_main, scheme, setting, address, names, size,
-                                                 repeat, name=f"{scheme}-{setting.name}", daemon=False))
-            expect(driver, "ready", setting.startup_s + 30)
-            while (message := receive(driver, WORKLOAD_TIMEOUT_S))[0] == "record":
-                r = {**base, **message[1]}
-                what = r["error"] if "error" in r else f"{r['seconds']:.2f} s"
-                row = row_name(r["workload"], r.get("run", 0))
-                progress(f"  {setting.name} r{round_index + 1} {scheme:>5} {row:<19} {what}")
-                records.append(r)
-    except (PeerError, RuntimeError, OSError) as exc:
-        seen = {r["workload"] for r in records}
-        return records + [{**base, "workload": name, "error": str(exc).splitlines()[0]}
-                          for name in names if name not in seen]
-    return [{**r, "links": message[1]} if message[1] else r for r in records]
+            yield from cluster_answers(c, functools.partial(answer_workload, size, c.scheme == "lci"),
+                                       specs, n_workers=setting.workers, address=address,
+                                       startup_s=setting.startup_s)
 
-
-def row_name(workload: str, run: int) -> str:
-    """A workload's first run on a cluster has a row, the warm runs after it another."""
-    return f"{workload} warm" if run else workload
-
-
-def medians(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """``[setting][row][scheme][key]``: each value's median over the runs that succeeded."""
-    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in (r for r in records if "error" not in r):
-        grouped.setdefault((r["setting"], row_name(r["workload"], r.get("run", 0)), r["scheme"]),
-                           []).append(r)
-    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-    for (setting, row, scheme), rs in grouped.items():
-        out.setdefault(setting, {}).setdefault(row, {})[scheme] = {
-            key: statistics.median(r[key] for r in rs) for key in KEYS if all(key in r for r in rs)
-        } | {"runs": len(rs)}
-    return out
+    _runner.record_answers(c.label, index, specs, answers(), record, lambda _, answer: (
+        answer[0], {"links": answer[1]} if answer[1] else {}))
 
 
 def geomean(values: Sequence[float]) -> float | None:
     return statistics.geometric_mean(values) if values else None
 
 
-def format_setting(setting: Setting, per_workload: dict[str, dict[str, dict[str, float]]],
-                   schemes: Sequence[str]) -> str:
+def format_setting(data: dict[str, Any], setting: dict[str, Any]) -> str:
     """A row per workload, its first runs then its warm runs, and a geometric mean of each; "-"
     where a value is missing (a scheme's failures, a run saved before the value was measured)."""
+    schemes = [label for label, status in data["status"].items() if status["available"]]
     others = [s for s in schemes if s != "lci"]
+    medians = {(r["benchmark"], r["metric"]): r["per_configuration"] for r in data["results"]}
     rows = [["workload", *(f"{s} s" for s in schemes), *(f"lci/{s}" for s in others), "tcp comm",
              "tcp upload", "1-share", "cpu lci/tcp", "faults lci/tcp", "peak lci/tcp"]]
-    ratios: dict[tuple[int, str], list[float]] = {}
+    ratios: dict[tuple[bool, str], list[float]] = {}
 
     def cell(value: float | None, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
-    def lci_over(m: dict[str, dict[str, float]], key: str, scheme: str) -> float | None:
-        under = m.get(scheme, {}).get(key, 0.0)
-        return m["lci"][key] / under if under > 0 and key in m.get("lci", {}) else None
+    def median(bench: str, key: str, scheme: str) -> float | None:
+        return medians.get((bench, key), {}).get(scheme, {}).get("median")
 
-    for run, w in itertools.product((0, 1), WORKLOADS):
-        if not (m := per_workload.get(row_name(w.name, run), {})):
+    def lci_over(bench: str, key: str, scheme: str) -> float | None:
+        under, over = median(bench, key, scheme), median(bench, key, "lci")
+        return over / under if under and over is not None else None
+
+    benches = [b for b in data["config"]["benchmarks"] if b["setting"] == setting]
+    for b in sorted(benches, key=lambda b: b["warm"]):
+        name, row = b["name"], f"{b['workload']} warm" if b["warm"] else b["workload"]
+        if all(median(name, "seconds", s) is None for s in schemes):
             continue
-        over = [lci_over(m, "seconds", s) for s in others]
+        over = [lci_over(name, "seconds", s) for s in others]
         for s, ratio in zip(others, over, strict=True):
             if ratio is not None:
-                ratios.setdefault((run, s), []).append(ratio)
-        tcp = m.get("tcp")
-        shares = [tcp[k] / tcp["seconds"] if tcp and k in tcp else None
+                ratios.setdefault((b["warm"], s), []).append(ratio)
+        tcp = {key: median(name, key, "tcp") for key in KEYS}
+        shares = [part / tcp["seconds"] if tcp["seconds"] and (part := tcp[k]) is not None else None
                   for k in ("comm_seconds", "upload_seconds")]
-        rows.append([row_name(w.name, run), *(cell(m.get(s, {}).get("seconds")) for s in schemes),
-                     *map(cell, over), *(cell(share, ".0%") for share in shares),
-                     cell(1 - tcp["share"] if tcp else None),
-                     *(cell(lci_over(m, k, "tcp")) for k in ("cpu_seconds", "minor_faults", "peak_mib"))])
-    for run in sorted({run for run, _ in ratios}):
-        rows.append([row_name("geometric mean", run), *[""] * len(schemes),
-                     *(cell(geomean(ratios.get((run, s), []))) for s in others), *[""] * 6])
-    return "\n".join([f"{setting.name}: {setting.describe()}", *align(rows, 1, rules=())])
+        rows.append([row, *(cell(median(name, "seconds", s)) for s in schemes), *map(cell, over),
+                     *(cell(share, ".0%") for share in shares),
+                     cell(None if tcp["share"] is None else 1 - tcp["share"]),
+                     *(cell(lci_over(name, k, "tcp")) for k in ("cpu_seconds", "minor_faults", "peak_mib"))])
+    for warm in sorted({warm for warm, _ in ratios}):
+        rows.append(["geometric mean warm" if warm else "geometric mean", *[""] * len(schemes),
+                     *(cell(geomean(ratios.get((warm, s), []))) for s in others), *[""] * 6])
+    return "\n".join([f"{setting['name']}: {Setting(**setting).describe()}", *align(rows, 1, rules=())])
 
 
 def report_page(data: dict[str, Any]) -> str:
     """A saved run as Markdown (the docs' pages): how it was run, then each setting's table."""
-    env = data["environment"]
+    env, config = data["environment"], data["config"]
     argv = " ".join(["python -m benchmarks", *env["argv"][1:]])
     lines = [
-        f"- command: `{argv}`, {data['rounds']} rounds, {data.get('repeat', 1)} timed run(s) of "
-        f"each workload per cluster, size {data['size']:g}",
+        f"- command: `{argv}`, {config['rounds']} rounds, {config['repeat']} timed run(s) of "
+        f"each workload per cluster, size {config['size']:g}",
         f"- when: {env['timestamp']}; code: `{env['source']}`; took {data['seconds']:,} s",
         f"- machine: {env['cpu']}, {env['cpu_count']} CPUs, {env['memory_gib']} GiB; "
         f"Python {env['python']}, distributed {env['distributed']}", ""]
-    for s in data["settings"]:
-        table = format_setting(Setting(**s), data["medians"].get(s["name"], {}), data["schemes"])
-        lines += ["```text", table, "```", ""]
-    errors = Counter((r["setting"], r["scheme"], r["error"]) for r in data["records"] if "error" in r)
+    settings = {b["setting"]["name"]: b["setting"] for b in config["benchmarks"]}
+    for setting in settings.values():
+        lines += ["```text", format_setting(data, setting), "```", ""]
+    setting_of = {b["name"]: b["setting"]["name"] for b in config["benchmarks"]}
+    errors = Counter((setting_of[r["benchmark"]], r["configuration"], r["error"])
+                     for r in data["raw"] if r["error"])
     lines += [f"- {count} records failed in {setting} over {scheme}: {error}"
               for (setting, scheme, error), count in errors.items()]
+    lines += [f"- {label}: {status['label']} ({status['detail']})"
+              for label, status in data["status"].items() if not status["available"]]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _runner.parser("workloads", __doc__, (), "3, or 1 with --quick", baseline=False, plot=False)
+    parser = _runner.parser("workloads", __doc__, (), "3, or 1 with --quick", baseline=False)
     add = parser.add_argument
-    add("--settings", type=_runner.subset(_SETTING), help=f"default: {','.join(_SETTING)}")
-    add("--schemes", type=csv, default=list(SCHEMES),
-        help=f"default: {','.join(SCHEMES)}; one not installed is left out")
+    add("--settings", type=_runner.subset(SETTINGS), help=f"default: {','.join(SETTINGS)}")
+    add("--schemes", type=_runner.csv, default=list(comm.SCHEMES),
+        help=f"default: {','.join(comm.SCHEMES)}; one not installed shows as such")
     add("--workloads", type=_runner.subset(BY_NAME), help=f"default: {','.join(BY_NAME)}")
     add("--size", type=float, help="data scale, default 1.0 (0.05 with --quick)")
     add("--repeat", type=_runner.positive, default=1,
         help="timed runs of each workload per cluster, default 1; the runs after the first are warm")
     args = parser.parse_args(argv)
-    names = args.workloads or list(BY_NAME)
-    chosen = args.settings or (["local-2"] if args.quick else list(_SETTING))
-    settings = [_SETTING[s] for s in chosen]
+    settings = [SETTINGS[s] for s in args.settings or (["local-2"] if args.quick else SETTINGS)]
     if any(s.per_host for s in settings) and (why := unavailable()) is not None:
         progress(f"simulated hosts left out: {why}")
         settings = [s for s in settings if not s.per_host]
-    schemes = [s for s in args.schemes
-               if s not in REQUIRES or importlib.util.find_spec(REQUIRES[s]) is not None]
-    rounds = args.rounds or (1 if args.quick else 3)
     size = args.size or (0.05 if args.quick else 1.0)
-    data: dict[str, Any] = {
-        "command": "workloads", "environment": _runner.environment_facts(),  # its load average: the run's
-        "settings": [asdict(s) for s in settings], "schemes": schemes, "rounds": rounds,
-        "repeat": args.repeat, "size": size, "complete": False, "seconds": 0, "records": [],
-        "medians": {}, "sources": {w.name: w.source for w in WORKLOADS}}
-    started = time.monotonic()
+    benches = [Benchmark(WorkloadSpec(f"{s.name}-{w}{'-warm' if warm else ''}", s, w, BY_NAME[w].source,
+                                      warm), METRICS, s.name, runs)
+               for s in settings for w in args.workloads or BY_NAME
+               for warm, runs in ((False, 1), (True, args.repeat - 1)) if runs]
+    pairs, config = comm.ratio_pairs(args.schemes), {"size": size, "repeat": args.repeat}
 
-    def update(complete: bool = False) -> None:
-        """The JSON is written after every round: a run stopped half-way keeps what it measured."""
-        data.update(complete=complete, seconds=round(time.monotonic() - started),
-                    medians=medians(data["records"]))
+    def save(result: _runner.Run) -> None:
+        """After every round: a run stopped half-way keeps what it measured."""
         if args.json:
-            _runner.write_json(args.json, data, indent=1)
+            _runner.write_json(args.json, _runner.to_json(result, pairs, **config))
 
-    with tempfile.TemporaryDirectory(prefix="workloads-") as logdir:
-        for setting in settings:
-            for round_index, scheme in alternated(schemes, rounds):
-                begun = time.monotonic()
-                data["records"] += _one_round(setting, scheme, round_index, names, size,
-                                              args.repeat, Path(logdir))
-                progress(f"{setting.name} round {round_index + 1}/{rounds} {scheme}: "
-                         f"{time.monotonic() - begun:.0f} s")
-                update()
-    update(complete=True)
-    print(report_page(data), end="")
-    if left_out := sorted(set(args.schemes) - set(schemes)):
-        print(f"- not installed, left out: {', '.join(left_out)}")
-    return 1 if any("error" in r for r in data["records"]) else 0
+    result = _runner.run("workloads", [Configuration.of_scheme(s) for s in args.schemes], benches,
+                         args.rounds or (1 if args.quick else 3), args.quick,
+                         functools.partial(run_round, size), stage=lambda b: b.kind, after_round=save)
+    data = _runner.to_json(result, pairs, **config)
+    return _runner.finish(args, report_page(data), data)

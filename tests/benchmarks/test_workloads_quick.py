@@ -5,11 +5,13 @@ their own. No timing assertions: the CI machines are noisy."""
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,12 +19,17 @@ import psutil
 import pytest
 from _cli import REPO_ROOT, run_cli
 
+from benchmarks._contenders import Configuration, Status
+from benchmarks._runner import Benchmark, Record, Run, to_json
 from benchmarks._workload_suite import WORKLOADS, WrongResult, check
+from benchmarks.report import command_table
 from benchmarks.workloads import (
+    KEYS,
+    METRICS,
     SETTINGS,
+    WorkloadSpec,
     format_setting,
     geomean,
-    medians,
     report_page,
     upload_seconds,
     worker_comm_seconds,
@@ -30,6 +37,21 @@ from benchmarks.workloads import (
 from dask_lcicomm.testing.netns import remove_left_behind, unavailable
 
 NAMES = [w.name for w in WORKLOADS]
+SAVED = sorted((REPO_ROOT / "docs" / "results" / "workloads").glob("*.json"))
+
+
+def records(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each timed run's record: its raw entry with its values, which the JSON keeps in the
+    rounds of each metric (in the order of the raw entries)."""
+    rounds = {(r["benchmark"], r["metric"]): r["per_configuration"] for r in data["results"]}
+    seen: dict[tuple[str, str], int] = {}
+    out = []
+    for raw in data["raw"]:
+        index = seen[raw["benchmark"], raw["configuration"]] = seen.get(
+            (raw["benchmark"], raw["configuration"]), -1) + 1
+        out.append(raw | {key: rounds[raw["benchmark"], key][raw["configuration"]]["rounds"][index]
+                          for key in KEYS})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +65,19 @@ def test_every_workload_measured_on_each_scheme(quick_run: dict[str, Any]) -> No
     proc, data = quick_run["proc"], quick_run["data"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(NAMES) >= 10
-    seen = {(r["scheme"], r["workload"]) for r in data["records"] if "error" not in r}
-    assert seen == {(s, n) for s in ("lci", "tcp") for n in NAMES}
-    for r in data["records"]:
+    seen = {(r["configuration"], r["benchmark"]) for r in data["raw"] if r["error"] is None}
+    assert seen == {(s, f"local-2-{n}") for s in ("lci", "tcp") for n in NAMES}
+    assert data["complete"] and len(data["raw"]) == 2 * len(NAMES)
+    for r in records(data):
         assert r["seconds"] > 0 and r["cpu_seconds"] > 0 and r["peak_mib"] > 0
         assert 0 <= r["system_seconds"] <= r["cpu_seconds"] and r["minor_faults"] > 0
         assert 0 <= r["share"] <= 1 and 0 <= r["upload_seconds"] <= r["seconds"]
-    assert data["sources"] == {w.name: w.source for w in WORKLOADS}
+    benchmarks = data["config"]["benchmarks"]
+    assert {b["workload"]: b["source"] for b in benchmarks} == {w.name: w.source for w in WORKLOADS}
 
 
 def test_lci_ran_over_shared_memory(quick_run: dict[str, Any]) -> None:
-    lci = [r for r in quick_run["data"]["records"] if r["scheme"] == "lci"]
+    lci = [r for r in quick_run["data"]["raw"] if r["configuration"] == "lci"]
     for links in {str(r["links"]) for r in lci}:
         assert "shm" in links and "tcp" not in links, links
 
@@ -61,7 +85,8 @@ def test_lci_ran_over_shared_memory(quick_run: dict[str, Any]) -> None:
 def test_data_moving_workloads_show_communication(quick_run: dict[str, Any]) -> None:
     """The metrics are read: workloads that move data between workers have
     communication time, counted from the workers' digests."""
-    by_name = {r["workload"]: r for r in quick_run["data"]["records"] if r["scheme"] == "tcp"}
+    by_name = {r["benchmark"].removeprefix("local-2-"): r for r in records(quick_run["data"])
+               if r["configuration"] == "tcp"}
     for name in ("rechunk-tasks", "shuffle-p2p", "join-p2p"):
         assert by_name[name]["comm_seconds"] > 0, name
     for name in NAMES:  # every workload sends the scheduler at least one graph
@@ -81,8 +106,9 @@ def test_across_simulated_hosts_lci_uses_shm_inside_and_tcp_between(tmp_path) ->
     got = run_cli(["workloads", "--quick", "--settings", "hosts-1gbit", "--schemes", "lci",
                    "--workloads", "rechunk-p2p", "--repeat", "2"], out, timeout_s=300, plot=False)
     assert got["proc"].returncode == 0, got["proc"].stderr[-3000:]
-    first, warm = got["data"]["records"]
-    assert (first["run"], warm["run"]) == (0, 1) and warm["seconds"] > 0
+    first, warm = records(got["data"])
+    assert f"{first['benchmark']}-warm" == warm["benchmark"] == "hosts-1gbit-rechunk-p2p-warm"
+    assert warm["seconds"] > 0
     assert "rechunk-p2p warm" in got["proc"].stdout
     workers = {k: v for k, v in first["links"].items() if k != "scheduler"}
     assert len(workers) == 8
@@ -119,47 +145,63 @@ def test_upload_seconds_pairs_each_graph_sent_with_the_start_that_follows_it() -
 
 
 def _record(scheme: str, workload: str, seconds: float, round_index: int = 0,
-            run: int = 0) -> dict[str, Any]:
-    return {"setting": "local-2", "scheme": scheme, "workload": workload, "round": round_index,
-            "run": run, "seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
-            "comm_seconds": seconds / 4, "upload_seconds": 0.0, "graph_seconds": 0.0, "share": 0.25}
+            warm: bool = False) -> Record:
+    """A timed run without page faults, as runs saved before they were counted."""
+    values = {"seconds": seconds, "cpu_seconds": seconds, "peak_mib": 100.0,
+              "comm_seconds": seconds / 4, "upload_seconds": 0.0, "graph_seconds": 0.0, "share": 0.25}
+    return Record(f"local-2-{workload}{'-warm' if warm else ''}", scheme, round_index,
+                  dict.fromkeys(KEYS) | values)
+
+
+def _run(records: list[Record]) -> dict[str, Any]:
+    """The JSON of a run of array-sum and align at local-2, first and warm runs, with ``records``."""
+    setting = SETTINGS["local-2"]
+    benches = [Benchmark(WorkloadSpec(f"local-2-{w}{'-warm' if warm else ''}", setting, w, "", warm),
+                         METRICS, setting.name) for w in ("array-sum", "align") for warm in (False, True)]
+    schemes = ("lci", "tcp")
+    run = Run("workloads", tuple(map(Configuration.of_scheme, schemes)), tuple(benches), 3, False,
+              {s: Status(True, "ok") for s in schemes}, records)
+    return to_json(run, [("lci", "tcp")], size=1.0, repeat=3)
+
+
+def _median(data: dict[str, Any], benchmark: str, key: str, scheme: str) -> float:
+    return next(r["per_configuration"][scheme]["median"] for r in data["results"]
+                if (r["benchmark"], r["metric"]) == (benchmark, key))
 
 
 def test_medians_skip_errors_and_ratios_form_a_geometric_mean() -> None:
-    records = [
+    data = _run([
         _record("tcp", "array-sum", 2.0), _record("tcp", "array-sum", 4.0, 1),
         _record("tcp", "array-sum", 3.0, 2), _record("lci", "array-sum", 1.5),
-        {"setting": "local-2", "scheme": "lci", "workload": "array-sum", "round": 1,
-         "error": "boom"},
+        Record("local-2-array-sum", "lci", 1, error="boom"),
         _record("tcp", "align", 1.0), _record("lci", "align", 2.0),
-    ]
-    table = medians(records)["local-2"]
-    assert table["array-sum"]["tcp"]["seconds"] == 3.0
-    assert table["array-sum"]["lci"]["runs"] == 1
-    text = format_setting(SETTINGS[0], table, ["lci", "tcp"])
+    ])
+    assert _median(data, "local-2-array-sum", "seconds", "tcp") == 3.0
+    assert _median(data, "local-2-array-sum", "seconds", "lci") == 1.5
+    text = format_setting(data, asdict(SETTINGS["local-2"]))
     assert "0.50" in text and "2.00" in text  # lci/tcp of each
     # Records without page faults (runs saved before they were counted): no ratio.
     assert text.splitlines()[2].split()[8] == "-"
     assert text.splitlines()[-1].split()[-1] == "1.00"  # sqrt(0.5 * 2)
+    assert "warm" not in text  # no warm run, no warm row
     assert math.isclose(geomean([0.5, 2.0]) or 0, 1.0)
     assert geomean([]) is None
 
 
 def test_warm_runs_have_rows_and_a_geometric_mean_of_their_own() -> None:
-    records = [
+    data = _run([
         _record("tcp", "align", 1.0), _record("lci", "align", 2.0),
-        _record("tcp", "align", 1.0, run=1), _record("tcp", "align", 3.0, run=2),
-        _record("lci", "align", 1.0, run=1), _record("lci", "align", 1.0, run=2),
-    ]
-    table = medians(records)["local-2"]
-    assert table["align"]["lci"]["seconds"] == 2.0
-    assert table["align warm"]["tcp"]["seconds"] == 2.0  # runs 1 and 2 together
-    assert table["align warm"]["lci"]["runs"] == 2
-    lines = format_setting(SETTINGS[0], table, ["lci", "tcp"]).splitlines()
+        _record("tcp", "align", 1.0, warm=True), _record("tcp", "align", 3.0, warm=True),
+        _record("lci", "align", 1.0, warm=True), _record("lci", "align", 1.0, warm=True),
+    ])
+    assert _median(data, "local-2-align", "seconds", "lci") == 2.0
+    # Runs 1 and 2 together; of an even count the worse middle value, as every command's.
+    assert _median(data, "local-2-align-warm", "seconds", "tcp") == 3.0
+    lines = format_setting(data, asdict(SETTINGS["local-2"])).splitlines()
     rows = {line.split("  ")[0].strip(): line.split() for line in lines[2:]}
-    assert rows["align"][3] == "2.00" and rows["align warm"][4] == "0.50"
+    assert rows["align"][3] == "2.00" and rows["align warm"][4] == "0.33"
     assert rows["geometric mean"][-1] == "2.00"
-    assert rows["geometric mean warm"][-1] == "0.50"
+    assert rows["geometric mean warm"][-1] == "0.33"
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no simulated hosts: {unavailable()}")
@@ -176,10 +218,10 @@ def test_across_simulated_hosts_a_ucxx_client_reaches_the_scheduler_over_the_bri
                    "--workloads", "submit-result", "--rounds", "2"], out, timeout_s=400,
                   plot=False)
     assert got["proc"].returncode == 0, got["proc"].stdout[-3000:] + got["proc"].stderr[-3000:]
-    records = got["data"]["records"]
-    assert [r["round"] for r in records] == [0, 1]
-    for record in records:
-        assert "error" not in record and record["seconds"] > 0, record
+    runs = records(got["data"])
+    assert [r["round"] for r in runs] == [0, 1]
+    for record in runs:
+        assert record["error"] is None and record["seconds"] > 0, record
 
 
 def _namespaces() -> set[str]:
@@ -251,3 +293,15 @@ def test_a_saved_run_renders_as_a_page_of_the_docs(quick_run: dict[str, Any]) ->
     assert page in quick_run["proc"].stdout  # what the run printed
     assert "python -m benchmarks workloads" in page
     assert page.count("```text") == 1 and "local-2:" in page and "geometric mean" in page
+
+
+@pytest.mark.parametrize("path", SAVED, ids=lambda p: p.stem)
+def test_report_renders_every_saved_run_as_the_run_printed_it(path) -> None:
+    data = json.loads(path.read_text())
+    page = command_table(data)
+    assert page == report_page(data)
+    settings = {b["setting"]["name"] for b in data["config"]["benchmarks"]}
+    assert page.count("```text") == len(settings) <= page.count("\ngeometric mean ")
+    for record in records(data):
+        if record["error"] is None:
+            assert record["seconds"] > 0, record
