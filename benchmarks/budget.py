@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -24,10 +25,10 @@ from distributed.comm.utils import from_frames, to_frames
 
 from benchmarks import _comm_peers as peers
 from benchmarks import _runner
-from benchmarks._contenders import Configuration, probe
+from benchmarks._contenders import Configuration
 from benchmarks._floor_comm import SCHEME as FLOOR
 from benchmarks._procs import PeerError, expect, send_quietly
-from benchmarks._runner import format_number, progress, size_name
+from benchmarks._runner import Benchmark, Metric, Record, format_number, progress, size_name
 from benchmarks.comm import PINNED, VARIANTS, started_pair
 
 SIZES = (8, 2**10, 2**14)  # a tiny task message, a small object, a small array chunk
@@ -42,6 +43,7 @@ _BUDGETS = ({"reference_s": 0.3, "window_s": 1.0, "rate_hz": 200, "warmup": 20},
             {"reference_s": 1.0, "window_s": 4.0, "rate_hz": 250, "warmup": 100})
 _ROUNDS, _SERIALIZATION = (1, 2), ((200, 0.2), (5000, 1.0))
 _SLACK_S = 60.0  # connecting, warming up, py-spy attaching: beyond a payload's windows
+ROUND_TRIP = Metric("round_trip", "us/round trip, profiled", False)
 
 
 @dataclass(frozen=True)
@@ -140,27 +142,27 @@ async def _client(conn: Connection, server: peers.Server, specs: list[peers.Benc
                                        "provider": comm.extra_info.get("provider")}))
 
 
-def _round(c: Configuration, sizes: Sequence[int], budgets: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-    """Each payload's ``(size, loop, recording, error)`` on one fresh pair of peers; a failure ends it."""
-    done, timeout_s = 0, budgets["reference_s"] + budgets["window_s"] + _SLACK_S
-    specs = [peers.BenchSpec(f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"],
-                             10_000_000, budgets["warmup"], timeout_s) for size in sizes]
-    try:
+def run_round(budgets: dict[str, Any], c: Configuration, benches: list[Benchmark], index: int,
+              record: Callable[[Record], None]) -> None:
+    """Each payload's loop and recording on one fresh pair of peers; a failure ends the round."""
+    specs = [b.spec for b in benches]
+
+    def answers() -> Iterator[tuple[peers.BenchSpec, Any]]:
         with started_pair(c, specs, _client) as (server, client):
             procs = {"client": psutil.Process(client.process.pid),
                      "server": psutil.Process(server.process.pid)}
-            for size in sizes:
-                expect(client, "looping", timeout_s)
+            for spec in specs:
+                expect(client, "looping", spec.timeout_s)
                 recording = _profile(procs, budgets["window_s"], budgets["rate_hz"])
                 client.conn.send(("stop",))
-                loop = expect(client, "result", timeout_s)
+                loop = expect(client, "result", spec.timeout_s)
                 if loop["profiled"]["count"] == 0:
                     raise PeerError(f"{c.label}-client: no round trip in the profiled loop")
-                yield size, loop, recording, None
-                done += 1
-    except PeerError as exc:
-        for size in sizes[done:]:
-            yield size, None, None, str(exc)
+                yield spec, ("result", spec.name, (loop, recording))
+
+    _runner.record_answers(c.label, index, specs, answers(), record, lambda spec, answer: (
+        {ROUND_TRIP.key: answer[0]["profiled"]["seconds"] / answer[0]["profiled"]["count"] * 1e6},
+        {"size": spec.payload_bytes, "loop": answer[0], "recording": answer[1]}))
 
 
 def _profile(procs: dict[str, psutil.Process], window_s: float, rate_hz: int) -> dict[str, Any]:
@@ -220,31 +222,24 @@ async def _serialization(size: int, count: int, seconds: float) -> dict[str, flo
 def measure(configurations: Sequence[Configuration], sizes: Sequence[int], rounds: int,
             quick: bool) -> dict[str, Any]:
     """The serialization timing, then each configuration once per round, in rotating order: the JSON."""
-    environment, status = _runner.environment_facts(), probe(configurations)
-    runnable = [c for c in configurations if status[c.label].available]
     serialization = {size_name(size): asyncio.run(_serialization(size, *_SERIALIZATION[not quick]))
                      for size in sizes}
-    raw: list[dict[str, Any]] = []
-    for index, c in _runner.alternated(runnable, rounds):
-        for size, loop, recording, error in _round(c, sizes, _BUDGETS[not quick]):
-            raw.append({"size": size, "label": c.label, "round": index, "loop": loop,
-                        "recording": recording, "error": error})
-            us = loop and loop["profiled"]["seconds"] / loop["profiled"]["count"] * 1e6
-            progress(f"[{len(raw)}/{rounds * len(runnable) * len(sizes)}] round {index + 1} {c.label} "
-                     f"{size_name(size)}: " + (f"{us:.0f} us/round trip" if loop else f"FAILED: {error}"))
-    environment["load_average_end"] = [round(load, 2) for load in psutil.getloadavg()]
-    return {
-        "command": "budget", "environment": environment,
-        "config": {"configurations": [asdict(c) | {"dask_config": c.overrides} for c in configurations],
-                   "sizes": list(sizes), "rounds": rounds, "quick": quick, "budgets": _BUDGETS[not quick],
-                   "categories": list(ROWS)},
-        "status": {label: asdict(why) for label, why in status.items()},
+    budgets: dict[str, Any] = _BUDGETS[not quick]
+    benches = [Benchmark(peers.BenchSpec(
+        f"budget-{size_name(size)}", "pingpong", size, budgets["reference_s"], 10_000_000, budgets["warmup"],
+        budgets["reference_s"] + budgets["window_s"] + _SLACK_S), (ROUND_TRIP,)) for size in sizes]
+    result = _runner.run("budget", configurations, benches, rounds, quick, partial(run_round, budgets))
+    result.environment["load_average_end"] = [round(load, 2) for load in psutil.getloadavg()]
+    measured = [label for label, status in result.status.items() if status.available]
+
+    def pooled(bench: Benchmark, label: str) -> dict[str, Any] | None:
+        return _cell([r.raw for r in result.records
+                      if r.values and (r.benchmark, r.configuration) == (bench.name, label)])
+
+    return _runner.to_json(result, [], sizes=list(sizes), budgets=budgets, categories=list(ROWS)) | {
         "serialization": serialization,
-        "budget": {size_name(size): {c.label: _cell([r for r in raw if r["loop"] and r["size"] == size
-                                                     and r["label"] == c.label]) for c in runnable}
-                   for size in sizes},
-        "raw": raw, "failed": sum(r["error"] is not None for r in raw),
-    }
+        "budget": {size_name(b.spec.payload_bytes): {label: pooled(b, label) for label in measured}
+                   for b in benches}}
 
 
 def _cell(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -308,9 +303,9 @@ def format_table(data: dict[str, Any]) -> str:
         f"processes (how to read them: docs/benchmarks.md). {env['cpu']}, {env['cpu_count']} CPUs, load "
         f"{start} at the start, {end} at the end; distributed {env['distributed']}; code {env['source']}.",
         *(f"{label}: {s['label']}: {s['detail']}" for label, s in status.items() if not s["available"]),
-        *(f"{r['label']} {size_name(r['size'])} round {r['round'] + 1}: "
-          + (f"failed: {r['error']}" if r["loop"] is None else f"no profile: {r['recording']['error']}")
-          for r in data["raw"] if r["loop"] is None or r["recording"]["error"]),
+        *(f"{r['configuration']} {r['benchmark'].removeprefix('budget-')} round {r['round'] + 1}: "
+          + (f"failed: {r['error']}" if r["error"] else f"no profile: {r['recording']['error']}")
+          for r in data["raw"] if r["error"] or r["recording"]["error"]),
     ])])
 
 
