@@ -356,6 +356,15 @@ def parser(prog: str, description: str, names: Sequence[str], rounds: str,
     return p
 
 
+def tool_parser(prog: str, description: str | None, configs: Collection[str], default: Sequence[str]
+                ) -> argparse.ArgumentParser:
+    """The options of the tools that measure each configuration apart: ``--configs``, ``--json``."""
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{prog}", description=description)
+    p.add_argument("--configs", type=subset(configs), default=list(default), metavar="NAMES")
+    p.add_argument("--json", type=Path, metavar="OUT")
+    return p
+
+
 def csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 

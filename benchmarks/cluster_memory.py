@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -98,14 +96,12 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cluster_memory", description=__doc__)
+    parser = _runner.tool_parser("cluster_memory", __doc__, CONFIGS, ("tcp", "lci", "lci-keep"))
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--rows", type=int, default=16_000_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--memory-limits", choices=("off", "default"), default="off")
-    parser.add_argument("--configs", type=_runner.subset(CONFIGS), default=["tcp", "lci", "lci-keep"])
     parser.add_argument("--timeout", type=float, default=900.0, help="per configuration, s")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     configs = [CONFIGS[name] for name in args.configs]
     results: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import os
-from pathlib import Path
 from typing import Any
 
 from distributed.comm import connect
@@ -62,11 +60,9 @@ def _one(c: Configuration, peers: int, servers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_cost", description=__doc__)
+    parser = _runner.tool_parser("peer_cost", __doc__, CONFIGS, tuple(CONFIGS))
     parser.add_argument("--peers", type=int, default=64)
     parser.add_argument("--servers", type=_runner.positive, default=4)
-    parser.add_argument("--configs", type=_runner.subset(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.peers < 2:
         parser.error("--peers must be at least 2")
