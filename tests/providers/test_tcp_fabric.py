@@ -139,6 +139,26 @@ async def test_messages_staged_whole_are_taken_in_order_up_to_one_that_is_not():
 
 
 @gen_test(timeout=30)
+async def test_a_message_that_fits_the_stage_is_taken_whole_however_it_arrives():
+    """Its header and first bytes staged, the rest still to come: it waits
+    in the stage and is taken with its bytes, not received apart."""
+    body = bytes(range(256)) * 64
+    with _fabric() as (fabric, address):
+        peer = _raw_peer(address)
+        peer.setblocking(True)
+        peer.sendall(PREFACE + _HEADER.pack(5, len(body)) + body[:1000])
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+            with fabric.lock:
+                fabric.poke()
+            assert fabric.take() is None
+        peer.sendall(body[1000:])
+        tag, nbytes, _, data = await _taken(fabric)
+        assert (tag, nbytes) == (5, len(body)) and data == body
+        peer.close()
+
+
+@gen_test(timeout=30)
 async def test_a_length_off_the_wire_is_handed_on_not_allocated():
     """A header may claim any length: the fabric reports it and keeps no
     more than its stage; the router checks it before anything is allocated."""
