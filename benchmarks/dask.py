@@ -100,7 +100,7 @@ def configurations(schemes: Sequence[str], baseline: str | None = None) -> list[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = _runner.parser("dask", __doc__.splitlines()[0], tuple(GRAPHS), "3, quick: 1")
+    p = _runner.parser("dask", __doc__, tuple(GRAPHS), "3, quick: 1")
     p.add_argument("--schemes", type=_runner.csv, metavar="SCHEMES",
                    help=f"comma-separated (default: {','.join(comm.SCHEMES)}; {INPROC} always runs)")
     args = p.parse_args(argv)
