@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 
 #: Stream bytes in flight, in send batches, before sends wait for the fabric.
 _INFLIGHT_BATCHES = 8
-#: Stream messages whose buffers hold this much on average go as the list of
-#: them where the fabric gathers; many small buffers cost less joined.
+#: Messages whose buffers hold this much on average go as the list of them
+#: where the fabric gathers; many small buffers cost less joined.
 _GATHERED_BYTES = 8192
 
 
@@ -174,18 +174,19 @@ class MessageDevice(RoutedDevice):
                 if self._outbox.unposted or self._outbox.inflight_bytes >= self._max_inflight:
                     return False
                 nbytes = unit.nbytes
-                self._outbox.post(self._stream_message(unit.next_unit(), nbytes), STREAM,
+                self._outbox.post(self._message(unit.next_unit(), nbytes), STREAM,
                                   self._prompt_sent, nbytes)
         if token is not None:
             self.completion.push((self, SendDone(token)))
         return True
 
-    def _stream_message(self, buffers: list[Any], nbytes: int) -> Any:
-        """``buffers`` (``nbytes`` of the stream) as one message: where they
-        lie, if large and the fabric gathers; else one bytes object. Read
-        after the write is done, as ``tcp://`` reads them: Dask does not
-        change a frame it wrote."""
-        if len(buffers) == 1 and type(buffers[0]) is bytes:
+    def _message(self, buffers: list[Any], nbytes: int) -> Any:
+        """``buffers`` (``nbytes`` in all) as one message: where they lie, if
+        one bytes object or a large buffer, or large and the fabric gathers;
+        else one bytes object (what the tcp connection writes fastest when
+        small). Read after the write is done, as ``tcp://`` reads them: Dask
+        does not change a frame it wrote."""
+        if len(buffers) == 1 and (type(buffers[0]) is bytes or nbytes >= _GATHERED_BYTES):
             return buffers[0]
         if nbytes >= _GATHERED_BYTES * len(buffers) and self._fabric.gathers:
             return buffers
@@ -220,16 +221,8 @@ class MessageDevice(RoutedDevice):
                 if readable is not None:
                     self._outbox.post(readable, CONTROL, READABLE)
                     continue
-                # Several buffers (a large frame's shards) are one message:
-                # read where they lie where the fabric gathers, as one buffer
-                # is, else copied into one.
-                message: Any
-                if len(views) == 1:
-                    message = views[0]
-                elif self._fabric.gathers:
-                    message = list(views)
-                else:
-                    message = b"".join(views)
+                # Several buffers (a large frame's shards) are one message.
+                message = self._message(views, sum(view.nbytes for view in views))
                 if held is None:
                     self._prompt_sent += 1
                 else:
@@ -308,8 +301,7 @@ class MessageDevice(RoutedDevice):
                 batch.append(buffer)
                 batch_bytes += memoryview(buffer).nbytes
                 if batch_bytes >= self._batch_bytes or i == last:
-                    outbox.post(self._stream_message(batch, batch_bytes), STREAM, self._prompt_sent,
-                                batch_bytes)
+                    outbox.post(self._message(batch, batch_bytes), STREAM, self._prompt_sent, batch_bytes)
                     n += batch_bytes
                     batch, batch_bytes = [], 0
         if not n:
