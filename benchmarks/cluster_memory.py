@@ -18,7 +18,7 @@ from benchmarks.report import markdown_table
 
 CONFIGS = {c.label: c for c in (
     Configuration.of_scheme("tcp"), Configuration.of_scheme("lci"),
-    variant("lci-keep", {"shm.release-after": 0}),  # idle shared memory kept
+    variant("lci-keep", {"release-after": 0}),  # idle shared memory kept
     variant("lci-unbounded", {"shm.budget": "1TiB"}),  # every process lends as much as its pools hold
 )}
 MiB = 1 << 20

@@ -152,6 +152,7 @@ OPTIONS: dict[str, Kind] = {
     "max-message-bytes": Integer(size=True),
     "max-frames": Integer(),
     "max-eager-bytes": Integer(size=True),
+    "release-after": Duration(),
 }
 
 
@@ -172,6 +173,7 @@ class Settings:
     max_message_bytes: int
     max_frames: int
     max_eager_bytes: int
+    release_after: float
     #: Each provider's section (``distributed.comm.lci.<provider>``) as
     #: configured, merged over its defaults; the provider validates it
     #: (:class:`Section`).
@@ -186,7 +188,9 @@ class Settings:
         # read before the defaults were registered arrives as eager_threshold.
         user = _hyphenated(dask.config.get(PREFIX, default={}))
         for old, new in RENAMED.items():
-            if old in user:
+            section, _, key = old.rpartition(".")
+            scope = user.get(section) if section else user
+            if isinstance(scope, Mapping) and key in scope:
                 raise ValueError(f"{PREFIX}.{old} is now {PREFIX}.{new}")
         c = {**DEFAULTS, **user}
         sections = {name: _section(name, user.get(name, {})) for name in SECTIONS}
@@ -212,10 +216,12 @@ def _section(name: str, user: Any) -> dict[str, Any]:
 #: The sections of ``lci.yaml``: one per provider with options of its own.
 SECTIONS = tuple(key for key, value in DEFAULTS.items() if isinstance(value, dict))
 
-#: Options that moved into their provider's section.
+#: Options that moved: into their provider's section, or out of it.
 RENAMED = {
     **{f"shm-{key}": f"shm.{key}" for key in DEFAULTS["shm"]},
     "ucx-options": "ucx.options",
+    "shm-release-after": "release-after",
+    "shm.release-after": "release-after",
 }
 
 

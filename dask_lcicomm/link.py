@@ -154,6 +154,7 @@ class Links:
         self.bootstrap_allowed = registry.bootstrap_allowed(settings)
         self._upgrades = [p for p in registry.upgrades(settings) if p in self._offered]
         self._links: set[Link] = set()
+        self._frames = registry.frame_memory(settings)
 
     def __bool__(self) -> bool:
         return bool(self._links)
@@ -168,6 +169,7 @@ class Links:
             limits=self.limits,
             batch_bytes=self._settings.fragment_size,
             accepting=accepting,
+            frames=self._frames,
         )
 
     def _adopt(self, device: Device, index: int, acceptor: Acceptor | None, offers: Any) -> Link:
@@ -293,3 +295,9 @@ class Links:
         links, self._links = self._links, set()
         for link in links:
             self._engine.remove(link.device)
+
+    def release_memory(self) -> None:
+        """No link is left: the memory kept for frames goes now, not when
+        the releaser would have looked (the event loop may close first)."""
+        if self._frames is not None:
+            self._frames.release()

@@ -101,6 +101,7 @@ class Parcelport:
             del self._ports[self.loop]
         self._loop_close.cancel()
         self.engine.close()
+        self.links.release_memory()
 
     def _loop_closed(self) -> None:
         """The event loop is closed with its descriptors while listeners or

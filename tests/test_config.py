@@ -21,6 +21,7 @@ def test_defaults_come_from_the_shipped_yaml():
     assert settings.progress == dask.config.get("distributed.comm.lci.progress") == "loop"
     assert settings.eager_threshold == 64 * 1024
     assert settings.providers == ("shm", "tcp")
+    assert settings.release_after == 1.0
     assert set(settings.sections) == set(SECTIONS) == {"shm", "ucx", "ofi"}
 
 
@@ -41,6 +42,7 @@ def test_dask_config_overrides():
         ("FRAGMENT_SIZE", "4MiB", "fragment_size", 4 << 20),
         ("MAX_MESSAGE_BYTES", "1GiB", "max_message_bytes", 1 << 30),
         ("AGGREGATION", "false", "aggregation", False),
+        ("RELEASE_AFTER", "0", "release_after", 0.0),
         ("PROVIDERS", "[tcp]", "providers", ["tcp"]),
         ("PROVIDERS", "tcp,shm", "providers", ["tcp", "shm"]),
     ],
@@ -61,6 +63,7 @@ def test_environment_variables_override(variable, value, field, expected):
         ("eager-threshold", -1, "eager-threshold"),
         ("fragment-size", 0, "fragment-size"),
         ("aggregation", "sometimes", "aggregation"),
+        ("release-after", "soon", "release-after"),
     ],
 )
 def test_invalid_values_are_refused(key, value, message):
@@ -69,9 +72,10 @@ def test_invalid_values_are_refused(key, value, message):
 
 
 @pytest.mark.parametrize(("old", "new"), [("shm-ring-size", "shm.ring-size"),
-                                          ("shm-release-after", "shm.release-after"),
+                                          ("shm-release-after", "release-after"),
+                                          ("shm.release-after", "release-after"),
                                           ("ucx-options", "ucx.options")])
-def test_an_option_that_moved_into_its_providers_section_says_where(old, new):
+def test_an_option_that_moved_says_where(old, new):
     with dask.config.set({f"distributed.comm.lci.{old}": "1"}), pytest.raises(
         ValueError, match=f"distributed.comm.lci.{old} is now distributed.comm.lci.{new}"
     ):

@@ -37,13 +37,17 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import dask.config
 from dask.utils import parse_timedelta
 
 from dask_lcicomm.parcel import Limits, ParcelDecoder, Placement, ProtocolError
 from dask_lcicomm.providers.send_queue import SendQueue, Unit
+
+if TYPE_CHECKING:
+    # Only where its C helper was built (registry.frame_memory).
+    from dask_lcicomm.providers.frame_memory import FrameMemory
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,8 @@ class DeviceOptions:
     batch_bytes: int
     #: The accepting side: parcels only on virtual connections the peer opened.
     accepting: bool
+    #: Where large frames from the peer land; None: new memory for each.
+    frames: FrameMemory | None = None
 
 
 def connect_timeout() -> float:

@@ -1,12 +1,13 @@
-"""Private memory for large frames read from a peer, used again once Dask frees them.
+"""Private memory for large frames received from a peer, used again once Dask frees them.
 
 Memory a process has not touched before costs more than the copy into it:
 every page faults in and is zeroed, and ``tcp://`` receives every frame
-into such memory. Here a frame is read into a region of its own, lent to
-Dask as the frame (a :class:`~._atomics.Lease`: freeing the frame's last
-view marks the region free, as a shared-memory pool block is returned), and
-the next frame of the same size class takes a free region instead of new
-memory.
+into such memory. Here a large frame (a bulk group over a message fabric,
+or a frame the shm provider reads in place) is received into a region of
+its own, lent to Dask as the frame (a :class:`~._atomics.Lease`: freeing
+the frame's last view marks the region free, as a shared-memory pool block
+is returned), and the next frame of the same size class takes a free region
+instead of new memory.
 
 A region stays free at most about two periods of the event loop's
 :class:`~.shm_release.MemoryReleaser`: a look unmaps the regions it found
@@ -30,6 +31,9 @@ from dask_lcicomm.providers.shm_release import MemoryReleaser, releaser
 #: large buffers); a frame's size class is its size rounded up to one.
 SIZE_CLASS = 2 * 1024 * 1024
 _FLAG = 8  # the region's last word: 1 once its lease is freed
+#: Smaller frames are left to malloc, which reuses its own memory: a region
+#: would be at least twice their size.
+LEAST_BYTES = SIZE_CLASS // 2
 
 
 class _Region:
@@ -84,6 +88,20 @@ class FrameMemory:
         if first:
             self._releaser.watch(self)
         return lease, region.address
+
+    def array(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 array of ``nbytes`` (checked against the limits)
+        for a frame: a region's, from :data:`LEAST_BYTES` on."""
+        if nbytes < LEAST_BYTES:
+            return np.empty(nbytes, np.uint8)
+        lease, _ = self.take(nbytes)
+        return np.frombuffer(memoryview(lease), np.uint8)
+
+    def release(self) -> None:
+        """Keep no region: the free ones are unmapped now, the lent ones once
+        their frames die (each lease holds its region)."""
+        with self._lock:
+            self._regions.clear()
 
     def release_idle_memory(self) -> bool:
         """Unmap the regions free at this look and the one before (their

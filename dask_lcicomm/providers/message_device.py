@@ -84,7 +84,9 @@ class MessageDevice(RoutedDevice):
         local_address: str,
         peer_address: str,
     ) -> None:
-        self._inbox = Inbox(options.limits, fabric.receive, self._read if fabric.rma else None)
+        frames = options.frames
+        self._inbox = Inbox(options.limits, fabric.receive, self._read if fabric.rma else None,
+                            frames.array if frames else None)
         self._loans = Loans(fabric.rma)
         super().__init__(options, local_address, peer_address, placement=self._inbox.take_bulk)
         self.source = self._fabric = fabric

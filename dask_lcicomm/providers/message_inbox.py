@@ -1,14 +1,15 @@
 """What a message device receives from its peer, in order and within limits.
 
 Each message is received into a buffer of its length, allocated only once
-that length passed the limits. Stream and control messages are taken in the
-order they were sent once complete; bulk messages are set aside by number
-until their parcel names them, so later stream messages are taken while a
-large one is in flight. A stream message's tag counts the prompt bulk
-messages sent before it: it is read on only once those have arrived. A
-group the peer announces for reading (:mod:`.message_rendezvous`) is read
-into a buffer allocated once its size passed the limits, and set aside as a
-bulk message is.
+that length passed the limits; a bulk group where the device's owner says
+(memory that earlier frames left free, :mod:`.frame_memory`). Stream and
+control messages are taken in the order they were sent once complete; bulk
+messages are set aside by number until their parcel names them, so later
+stream messages are taken while a large one is in flight. A stream
+message's tag counts the prompt bulk messages sent before it: it is read on
+only once those have arrived. A group the peer announces for reading
+(:mod:`.message_rendezvous`) is read into a buffer allocated once its size
+passed the limits, and set aside as a bulk message is.
 
 The inbox knows the fabric by two verbs, ``receive`` and ``read``, and
 nothing of the device.
@@ -51,6 +52,12 @@ Receive = Callable[[Any, np.ndarray], Request]
 #: ``read(buffer, address, key)``: the fabric's verb, from the peer; None
 #: where the fabric has no RMA.
 Read = Callable[[np.ndarray, int, int], Request] | None
+#: ``allocate(nbytes)``: a writable uint8 array for a bulk group.
+Allocate = Callable[[int], np.ndarray]
+
+
+def _new_array(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
 
 
 def _succeeded(request: Request, what: str, failed: Callable[[str], None]) -> bool:
@@ -66,9 +73,14 @@ def _succeeded(request: Request, what: str, failed: Callable[[str], None]) -> bo
 class Inbox:
     """The receive side of one message device (under the fabric's lock)."""
 
-    def __init__(self, limits: Limits, receive: Receive, read: Read = None) -> None:
+    def __init__(
+        self, limits: Limits, receive: Receive, read: Read = None, allocate: Allocate | None = None
+    ) -> None:
         self._receive_verb = receive
         self._read_verb = read
+        #: Where bulk groups land (by default, and always for stream and
+        #: control messages: new memory).
+        self._allocate = allocate or _new_array
         self._max_bytes = limits.max_message_bytes
         self._max_count = limits.max_frames
         # Stream and control messages being received, in order, each with
@@ -109,7 +121,7 @@ class Inbox:
                 raise ProtocolError(f"bulk messages waiting exceed {self._max_bytes} bytes")
             if number in self._bulk:
                 raise ProtocolError(f"bulk message {number} arrived twice")
-            request, buffer = self._receive(nbytes, message, data)
+            request, buffer = self._receive(nbytes, message, data, self._allocate)
             self._bulk[number] = (request, buffer)
             if kind == PROMPT:
                 self._prompt_seen += 1
@@ -144,10 +156,12 @@ class Inbox:
             raise ProtocolError(f"an unexpected control message {number}")
         self._receiving.append((*self._receive(nbytes, message, data), kind, number, required))
 
-    def _receive(self, nbytes: int, message: Any, data: Any) -> tuple[Request, np.ndarray]:
+    def _receive(
+        self, nbytes: int, message: Any, data: Any, allocate: Allocate = _new_array
+    ) -> tuple[Request, np.ndarray]:
         if data is not None:
             return DONE, np.frombuffer(data, np.uint8)
-        buffer = np.empty(nbytes, np.uint8)
+        buffer = allocate(nbytes)
         return self._receive_verb(message, buffer), buffer
 
     def reap(self, welcome: Callable[[np.ndarray], None], failed: Callable[[str], None]) -> bool:
@@ -213,7 +227,7 @@ class Inbox:
         if number in self._bulk:
             raise ProtocolError(f"bulk message {number} arrived twice")
         self._bulk_bytes += total
-        buffer = np.empty(total, np.uint8)
+        buffer = self._allocate(total)
         requests = []
         offset = 0
         for address, key, length in buffers:

@@ -25,12 +25,15 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.comm.core import FatalCommClosedError
 
 from dask_lcicomm.config import Section, Settings
 from dask_lcicomm.providers.base import Device, DeviceOptions
+
+if TYPE_CHECKING:
+    from dask_lcicomm.providers.frame_memory import FrameMemory
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +184,20 @@ def offered(settings: Settings) -> tuple[list[Provider], dict[str, str]]:
             _report_unavailable(name, reason)
             unusable[name] = reason
     return usable, unusable
+
+
+def frame_memory(settings: Settings) -> FrameMemory | None:
+    """The running event loop's memory for the large frames its devices
+    receive (:mod:`.frame_memory`); None, new memory for each frame, with
+    ``release-after: 0`` or where the C helper that lends it was not built."""
+    if not settings.release_after:
+        return None
+    try:
+        module = importlib.import_module("dask_lcicomm.providers.frame_memory")
+    except ImportError:
+        return None
+    memory: FrameMemory = module.frame_memory(settings.release_after)
+    return memory
 
 
 @functools.cache

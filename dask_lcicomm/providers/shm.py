@@ -45,7 +45,7 @@ except ImportError as e:
         " providers"
     ) from e
 
-from dask_lcicomm.providers.frame_memory import FrameMemory, frame_memory
+from dask_lcicomm.providers.frame_memory import FrameMemory
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
 from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
 from dask_lcicomm.providers.shm_options import SECTION, ShmOptions
@@ -392,10 +392,9 @@ class ShmProvider(Provider):
 def _device(link: ShmLink, options: DeviceOptions, settings: Settings, shm: ShmOptions) -> ShmDevice:
     """A device as configured: the event loop's releaser and frame memory
     unless idle memory is kept, and the process's budget."""
-    period = shm.release_after
-    release, frames = (releaser(period), frame_memory(period)) if period else (None, None)
-    return ShmDevice(link, options, _poll_window(settings, shm), release, budget(shm.budget),
-                     shm.rendezvous_bytes, frames)
+    period = settings.release_after
+    return ShmDevice(link, options, _poll_window(settings, shm), releaser(period) if period else None,
+                     budget(shm.budget), shm.rendezvous_bytes, options.frames)
 
 
 def _layout(shm: ShmOptions) -> Layout:

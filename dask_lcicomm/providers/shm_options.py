@@ -14,7 +14,6 @@ SECTION = Section("shm", {
     "budget": Integer(least=0, size=True),
     "rendezvous-bytes": Integer(least=0, size=True),
     "poll-window": Duration(),
-    "release-after": Duration(),
 })
 
 
@@ -26,7 +25,6 @@ class ShmOptions:
     budget: int
     rendezvous_bytes: int
     poll_window: float
-    release_after: float
 
     @classmethod
     def of(cls, settings: Settings) -> ShmOptions:

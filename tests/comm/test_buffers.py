@@ -23,6 +23,7 @@ from ofi_support import needs_ofi
 from ucx_support import needs_ucx
 
 from dask_lcicomm.comm.comm import LCIComm
+from dask_lcicomm.providers._atomics import Lease
 
 PROVIDERS = [
     pytest.param(["shm", "tcp"], id="shm"),
@@ -124,3 +125,34 @@ async def test_a_small_header_shares_the_first_array_buffer_where_tcp_would(
     assert np.array_equal(a, array) and msg["other"] == other
     owner = host_buffer(a)
     assert (memoryview(owner).nbytes == a.nbytes) == expect_separate_buffer
+
+
+@pytest.mark.parametrize("providers", [p for p in PROVIDERS if p.id != "shm"])
+@gen_test(timeout=30)
+async def test_a_large_frame_lands_in_the_memory_a_freed_one_left(providers):
+    """Over a message fabric, a received bulk group is a frame-memory region
+    (:mod:`dask_lcicomm.providers.frame_memory`): once Dask frees the frame,
+    the next frame of its size class is received into the same memory."""
+    array = np.arange(3 << 20, dtype="u1")
+
+    async def handle(comm):
+        for _ in range(2):
+            await comm.read()
+            await comm.write({"x": to_serialize(array)})
+        await comm.close()
+
+    with dask.config.set({"distributed.comm.lci.providers": providers}):
+        async with listen("lci://127.0.0.1:0", handle) as listener:
+            comm = await connect(listener.contact_address)
+            try:
+                addresses = []
+                for _ in range(2):
+                    await comm.write({"op": "ping"})
+                    x = (await comm.read())["x"]
+                    assert np.array_equal(x, array)
+                    assert isinstance(host_buffer(x), Lease)
+                    addresses.append(x.ctypes.data)
+                    del x
+                assert addresses[0] == addresses[1]
+            finally:
+                await comm.close()

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 from distributed.utils_test import gen_test
 
-from dask_lcicomm.providers.frame_memory import SIZE_CLASS, FrameMemory, frame_memory
+from dask_lcicomm.providers.frame_memory import LEAST_BYTES, SIZE_CLASS, FrameMemory, frame_memory
 from dask_lcicomm.providers.shm_release import MemoryReleaser
 
 MiB = 1 << 20
@@ -51,6 +51,19 @@ def test_a_region_is_used_again_only_once_every_view_of_its_frame_is_gone():
     gc.collect()
     _, again = memory.take(MiB - 100)
     assert again == first
+
+
+def test_an_array_for_a_large_frame_is_a_region_and_for_a_small_one_new_memory():
+    memory, _ = _memory()
+    small = memory.array(LEAST_BYTES - 1)
+    assert small.nbytes == LEAST_BYTES - 1 and memory.held_bytes == 0
+    large = memory.array(LEAST_BYTES)
+    assert large.nbytes == LEAST_BYTES and large.flags.writeable
+    assert memory.held_bytes == SIZE_CLASS
+    address = large.ctypes.data
+    del large
+    gc.collect()
+    assert memory.array(LEAST_BYTES + 1).ctypes.data == address
 
 
 def test_size_classes_keep_their_regions_apart():
@@ -125,3 +138,15 @@ async def test_the_loops_releaser_gives_everything_back_and_stops():
         await asyncio.sleep(period)
     assert memory.held_bytes == 0
     assert releaser._timer is None, "no timer runs once nothing is held"
+
+
+def test_released_memory_keeps_no_region_and_lent_frames_stay_valid():
+    memory, _ = _memory()
+    lent = memory.array(3 * MiB)
+    free = memory.array(LEAST_BYTES)
+    del free
+    gc.collect()
+    memory.release()
+    assert memory.held_bytes == 0
+    lent[:] = 5  # its lease holds its region
+    assert int(lent.sum()) == 5 * 3 * MiB

@@ -288,3 +288,28 @@ def test_closing_hands_back_the_reads_in_flight():
     (request, buffer), = inbox.close()
     assert buffer.nbytes == 4 and not request.completed
     assert not inbox.busy
+
+
+def test_bulk_groups_land_where_the_owner_allocates_and_the_stream_in_new_memory():
+    given: list[np.ndarray] = []
+
+    def allocate(nbytes: int) -> np.ndarray:
+        given.append(np.zeros(nbytes, np.uint8))
+        return given[-1]
+
+    receive, read = _Receive(), _Read({0x10: b"read"})
+    inbox = Inbox(Limits(), receive, read, allocate)
+    inbox.arrived(BULK, 1, 4, b"bulk", welcomed=True)
+    inbox.arrived(PROMPT, 2, 6, b"prompt", welcomed=True)
+    inbox.arrived(STREAM, 1, 6, b"stream", welcomed=True)
+    _announce(inbox, receive, _readable(3, (0x10, 1, 4)))
+    for request in receive.requests[:3]:
+        request.finish()
+    _reap(inbox)  # starts the read
+    read.requests[0].finish()
+    _reap(inbox)
+    assert [a.nbytes for a in given] == [4, 6, 4]
+    for number, array in zip((1, 2, 3), given, strict=True):
+        frames = inbox.take_bulk(number, 0, array.nbytes)
+        assert np.frombuffer(frames, np.uint8).ctypes.data == array.ctypes.data
+    assert _read(inbox) == b"stream"

@@ -13,7 +13,7 @@ from dask_lcicomm.providers.shm_options import ShmOptions
 def test_defaults_come_from_the_shipped_yaml():
     assert ShmOptions.of(Settings.from_config()) == ShmOptions(
         ring_size=4 << 20, pool_size=256 << 20, pool_blocks=1024, budget=256 << 20,
-        rendezvous_bytes=1 << 20, poll_window=0.0, release_after=1.0,
+        rendezvous_bytes=1 << 20, poll_window=0.0,
     )
 
 
@@ -27,7 +27,6 @@ def test_defaults_come_from_the_shipped_yaml():
         ("SHM__RENDEZVOUS_BYTES", "0", "rendezvous_bytes", 0),
         ("SHM__POLL_WINDOW", "250us", "poll_window", 250e-6),
         ("SHM__POLL_WINDOW", "0", "poll_window", 0.0),
-        ("SHM__RELEASE_AFTER", "0", "release_after", 0.0),
     ],
 )
 def test_environment_variables_override(variable, value, field, expected):
@@ -39,8 +38,7 @@ def test_environment_variables_override(variable, value, field, expected):
 @pytest.mark.parametrize(
     "key, value",
     [("ring-size", 0), ("pool-size", -1), ("pool-blocks", 0), ("budget", -1), ("rendezvous-bytes", -1),
-     ("poll-window", "-1ms"),
-     ("release-after", "soon")],
+     ("poll-window", "-1ms")],
 )
 def test_invalid_values_are_refused_naming_the_option(key, value):
     with dask.config.set({f"distributed.comm.lci.shm.{key}": value}):
