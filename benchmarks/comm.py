@@ -134,16 +134,9 @@ def benchmarks(only: Sequence[str] | None, quick: bool, default: Sequence[str] =
 
 def run_round(c: Configuration, benches: list[Benchmark], index: int,
               record: Callable[[Record], None]) -> None:
-    """The comm benchmarks, then ``idle`` on a cluster of its own once their peers are gone."""
-    _run_comm(c, [b.spec for b in benches if b.spec.kind != IDLE], index, record)
-    for bench in benches:
-        if bench.spec.kind == IDLE:
-            record(run_idle(bench.spec, c, index))
-
-
-def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
-              record: Callable[[Record], None]) -> None:
-    """``specs`` on one fresh server and client, both carrying the configuration."""
+    """The comm benchmarks on one fresh server and client, both carrying the configuration,
+    then ``idle`` on a cluster of its own once their peers are gone."""
+    specs = [b.spec for b in benches if b.spec.kind != IDLE]
 
     def answers() -> Iterator[tuple[BenchSpec, Any]]:
         with started_pair(c, specs) as (_, client):
@@ -153,6 +146,9 @@ def _run_comm(c: Configuration, specs: list[BenchSpec], index: int,
 
     if specs:
         _runner.record_answers(c.label, index, specs, answers(), record, _values)
+    for bench in benches:
+        if bench.spec.kind == IDLE:
+            record(run_idle(bench.spec, c, index))
 
 
 @contextmanager
