@@ -53,10 +53,6 @@ class Setting:
         return (f"{self.workers // self.per_host} simulated hosts x {self.per_host} workers (1 thread, "
                 f"nanny), egress {self.rate} each (tc tbf); scheduler and client on a fifth host")
 
-    @property
-    def startup_s(self) -> float:
-        return STARTUP_S + STARTUP_PER_WORKER_S * self.workers
-
 
 SETTINGS = {s.name: s for s in (Setting("local-2", 2), Setting("local-16", 16),
                                 Setting("hosts-10gbit", 8, per_host=2, rate="10gbit"),
@@ -161,10 +157,8 @@ class Meter:
         self.last = {k: round(v, 4) for k, v in zip(KEYS, values, strict=True)}
 
 
-@functools.cache
-def _meter(client: Any) -> Meter:
-    """The cluster child's one meter: it wraps the client's sending."""
-    return Meter(client)
+#: The cluster child's one meter: it wraps the client's sending.
+_meter = functools.cache(Meter)
 
 
 #: In a cluster child: why each workload that failed did; its later runs are not made.
@@ -207,7 +201,7 @@ def run_round(size: float, c: Configuration, benches: list[Benchmark], index: in
                     worker_options=("--memory-limit", "auto"))).scheduler
             yield from cluster_answers(c, functools.partial(answer_workload, size, c.scheme == "lci"),
                                        specs, n_workers=setting.workers, address=address,
-                                       startup_s=setting.startup_s)
+                                       startup_s=STARTUP_S + STARTUP_PER_WORKER_S * setting.workers)
 
     _runner.record_answers(c.label, index, specs, answers(), record, lambda _, answer: (
         answer[0], {"links": answer[1]} if answer[1] else {}))
