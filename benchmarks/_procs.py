@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
+from unittest import mock
 
 import psutil
 
@@ -76,17 +77,13 @@ def spawned(target: Callable[..., None], *args: Any, name: str, daemon: bool = T
 def _modules_first_from(path: str | None) -> Iterator[None]:
     """A spawned child takes ``PYTHONPATH`` (which its children inherit), then the parent's
     ``sys.path`` before unpickling the target: both are set during ``start()``."""
-    saved_env, saved_path = os.environ.get("PYTHONPATH"), list(sys.path)
-    if path is not None:
-        os.environ["PYTHONPATH"] = os.pathsep.join([path, saved_env] if saved_env else [path])
-        sys.path.insert(0, path)
-    try:
+    if path is None:
         yield
-    finally:
-        sys.path[:] = saved_path
-        os.environ.pop("PYTHONPATH", None)
-        if saved_env is not None:
-            os.environ["PYTHONPATH"] = saved_env
+        return
+    inherited = os.environ.get("PYTHONPATH")
+    with (mock.patch.dict(os.environ, {"PYTHONPATH": os.pathsep.join(filter(None, [path, inherited]))}),
+          mock.patch.object(sys, "path", [path, *sys.path])):
+        yield
 
 
 def _child(overrides: dict[str, Any], target: Callable[..., None], conn: Connection, *args: Any) -> None:
