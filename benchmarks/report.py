@@ -49,8 +49,7 @@ def results_table(
     by_row = {f"{r['benchmark']}:{r['metric']}": r for r in data["results"]}
     labels = labels or [c["label"] for c in data["config"]["configurations"]]
     ratios = ratios or list(data["config"]["ratios"])
-    unknown = [key for key in rows or [] if key not in by_row]
-    if unknown:
+    if unknown := [key for key in rows or [] if key not in by_row]:
         raise ValueError(f"no row {', '.join(unknown)} in this run; it has {', '.join(by_row)}")
 
     def median(numbers: Json | None) -> str:
