@@ -66,23 +66,19 @@ class Measurement:
 RunSpecs = Callable[[Connection, Server, list[BenchSpec]], Coroutine[Any, Any, None]]
 
 
-def server_main(conn: Connection, scheme: str, listeners: int = 1) -> None:
+async def server_main(conn: Connection, scheme: str, listeners: int = 1) -> None:
     """Echo/sink server on ``listeners`` listeners (``("ready", addresses)``) until the parent
     closes the pipe (or sends anything)."""
-    asyncio.run(_serve(conn, scheme, listeners))
-
-
-async def _serve(conn: Connection, scheme: str, count: int) -> None:
-    listeners = [listen(f"{scheme}://127.0.0.1:0", _handle_comm) for _ in range(count)]
-    for listener in listeners:
+    started = [listen(f"{scheme}://127.0.0.1:0", _handle_comm) for _ in range(listeners)]
+    for listener in started:
         await listener.start()
     try:
-        conn.send(("ready", [listener.contact_address for listener in listeners]))
+        conn.send(("ready", [listener.contact_address for listener in started]))
         await asyncio.to_thread(conn.recv)
     except (EOFError, OSError):
         pass  # the parent closed its end
     finally:
-        for listener in listeners:
+        for listener in started:
             stopped = listener.stop()
             if inspect.isawaitable(stopped):
                 await stopped

@@ -38,12 +38,13 @@ class PeerError(RuntimeError):
 
 
 @contextmanager
-def spawned(target: Callable[..., None], *args: Any, name: str, daemon: bool = True,
+def spawned(target: Callable[..., Any], *args: Any, name: str, daemon: bool = True,
             dask_config: Mapping[str, Any] | None = None, pythonpath: str | None = None
             ) -> Iterator[Peer]:
-    """``target(conn, *args)`` in a fresh process with ``dask_config`` set, importing from
-    ``pythonpath`` first (``daemon=False`` if it starts processes); on exit the pipe closes
-    (EOF: "stop"), then it and its descendants are stopped, ever more forcefully."""
+    """``target(conn, *args)`` (on a fresh event loop if a coroutine function) in a fresh
+    process with ``dask_config`` set, importing from ``pythonpath`` first (``daemon=False`` if
+    it starts processes); on exit the pipe closes (EOF: "stop"), then it and its descendants
+    are stopped, ever more forcefully."""
     parent_conn, child_conn = _CTX.Pipe()
     process = _CTX.Process(target=_child, name=name, daemon=daemon,
                            args=(dict(dask_config or {}), target, child_conn, *args))
@@ -86,7 +87,7 @@ def _modules_first_from(path: str | None) -> Iterator[None]:
         yield
 
 
-def _child(overrides: dict[str, Any], target: Callable[..., None], conn: Connection, *args: Any) -> None:
+def _child(overrides: dict[str, Any], target: Callable[..., Any], conn: Connection, *args: Any) -> None:
     """Every child: Ctrl-C is left to the parent, which stops the children itself; a crash is
     sent as ``("failed", traceback)``.  Dask settings are set here, not as ``DASK_*`` variables:
     Dask reads those before a backend registers its defaults (``eager-threshold`` would arrive
@@ -97,7 +98,8 @@ def _child(overrides: dict[str, Any], target: Callable[..., None], conn: Connect
             import dask.config
 
             dask.config.set(overrides)
-        target(conn, *args)
+        if inspect.iscoroutine(done := target(conn, *args)):
+            asyncio.run(done)
     except Exception:
         send_quietly(conn, ("failed", traceback.format_exc()))
 
