@@ -92,14 +92,13 @@ def command_table(data: Json) -> str:
 
 def page(data: Json, figures: list[Path], page_dir: Path) -> str:
     """The Markdown page of one run; ``figures`` are linked relative to it."""
-    table = command_table(data)
     images = [f"![{path.stem}]({os.path.relpath(path, page_dir)})" for path in figures]
     return "\n\n".join([
         f"# {run_name(data)}",
         "Generated from the run's JSON by `python -m benchmarks report`; medians of the rounds, "
         "measured side by side in one run (absolute times are not comparable across runs).",
         environment(data),
-        table,
+        command_table(data),
         *images,
     ]) + "\n"
 
