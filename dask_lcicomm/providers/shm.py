@@ -390,8 +390,8 @@ class ShmProvider(Provider):
 
 
 def _device(link: ShmLink, options: DeviceOptions, settings: Settings, shm: ShmOptions) -> ShmDevice:
-    """A device as configured: the event loop's releaser and frame memory
-    unless idle memory is kept, and the process's budget."""
+    """A device as configured: the event loop's releaser unless idle memory
+    is kept, the frame memory its owner gave, and the process's budget."""
     period = settings.release_after
     return ShmDevice(link, options, _poll_window(settings, shm), releaser(period) if period else None,
                      budget(shm.budget), shm.rendezvous_bytes, options.frames)
