@@ -5,13 +5,16 @@ on the channel; with ``ndevices`` > 1 the virtual connections are spread over
 replicated devices (LCI's answer to contention on one network queue). The
 channel closes its links once its last virtual connection is gone.
 
-The provider is chosen when the channel opens: the first link connects over
-the bootstrap provider and greets the listener; then each provider the
-listener offered, that we prefer to the bootstrap, is tried in turn for all
-devices, and the first that connects is used (the bootstrap link closes);
-if none does, the channel stays on the bootstrap, unless the configuration
-leaves the bootstrap out: then opening fails at once, saying why each
-provider did not connect.
+The provider is chosen when the channel opens. When the most preferred
+provider finds the listener by its address alone (shared memory with a
+listener on this host), all devices connect and greet over it directly.
+Otherwise, or if that fails, the first link connects over the bootstrap
+provider and greets the listener; then each provider the listener offered,
+that we prefer to the bootstrap, is tried in turn for all devices, and the
+first that connects is used (the bootstrap link closes); if none does, the
+channel stays on the bootstrap, unless the configuration leaves the
+bootstrap out: then opening fails at once, saying why each provider did not
+connect.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from distributed.comm.core import FatalCommClosedError
 
@@ -53,6 +56,9 @@ class Opener(Protocol):
 
     def upgrade(self, provider: Provider, first: Link, index: int) -> Awaitable[Link]:
         """A greeted link over ``provider`` to the peer greeted on ``first``."""
+
+    def direct(self, provider: Provider, host: str, port: int, offer: Any, index: int) -> Awaitable[Link]:
+        """A greeted link over ``provider``, which found the listener by its address."""
 
     def finish(self, link: Link) -> None:
         """Close ``link`` gracefully."""
@@ -105,6 +111,9 @@ class Channel:
             self._grace = asyncio.get_running_loop().call_later(GRACE, self._maybe_close)
 
     async def _open_links(self, host: str, port: int) -> list[Link]:
+        direct = await self._open_direct(host, port)
+        if direct:
+            return direct
         n = self._ndevices
         opener = self._opener
         first = await opener.bootstrap(host, port, 0)
@@ -132,6 +141,24 @@ class Channel:
         except BaseException:
             opener.finish(first)
             raise
+
+    async def _open_direct(self, host: str, port: int) -> list[Link] | None:
+        """The links over the most preferred provider if it finds the
+        listener by its address; None to ask over the bootstrap (the reason
+        a direct attempt failed is logged at debug: the bootstrap path tries
+        again and says why)."""
+        upgrades = self._opener.upgrades()
+        offer = upgrades[0].direct(host, port) if upgrades else None
+        if offer is None:
+            return None
+        provider = upgrades[0]
+        try:
+            return await self._all(
+                self._opener.direct(provider, host, port, offer, i) for i in range(self._ndevices)
+            )
+        except ProviderUnavailable as e:
+            logger.debug("channel to %s does not start on %s: %s", self.key, provider.name, e)
+            return None
 
     async def _all(self, openings: Iterable[Awaitable[Link]]) -> list[Link]:
         """Open links concurrently; if any fails, close the others and raise."""

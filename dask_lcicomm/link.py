@@ -33,6 +33,7 @@ from dask_lcicomm.providers.registry import (
     ProviderUnavailable,
 )
 from dask_lcicomm.providers.send_queue import Raw
+from dask_lcicomm.providers.sockets import address_of
 
 #: How long a closing link waits for the peer's end before it is closed hard.
 LINGER = 10.0
@@ -197,9 +198,9 @@ class Links:
         try:
             boot = self._bootstrap.listen(host, port, self._settings, options, accepted)
             listening.offerings.append(boot)
-            bound_host = boot.address[0] if boot.address else host
+            bound_host, bound_port = boot.address or (host, port)
             for provider in self._offered:
-                offering = provider.listen(bound_host, 0, self._settings, options, accepted)
+                offering = provider.listen(bound_host, bound_port, self._settings, options, accepted)
                 listening.offerings.append(offering)
                 offers[provider.name] = offering.offer
         except BaseException:
@@ -217,6 +218,18 @@ class Links:
     def upgrades(self) -> list[Provider]:
         return self._upgrades
 
+    async def direct(self, provider: Provider, host: str, port: int, offer: Any, index: int) -> Link:
+        """A greeted link over ``provider`` to the listener at ``host:port``,
+        which ``provider`` found by that address (its ``offer``), with no
+        bootstrap link first."""
+        local = address_of((host, 0))  # no port of ours stands for the device
+        device = await provider.connect(
+            PeerOffer(host, port, None, None, offer, local, address_of((host, port))),
+            self._settings,
+            self._options(False),
+        )
+        return await self._greeted_over(provider, device, index)
+
     async def upgrade(self, provider: Provider, first: Link, index: int) -> Link:
         """A greeted link over ``provider`` to the peer greeted on ``first``."""
         peer = first.protocol.peer
@@ -229,6 +242,9 @@ class Links:
             self._settings,
             self._options(False),
         )
+        return await self._greeted_over(provider, device, index)
+
+    async def _greeted_over(self, provider: Provider, device: Device, index: int) -> Link:
         try:
             return await self._greeted(device, index)
         except (OSError, asyncio.TimeoutError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import dask
@@ -30,12 +31,36 @@ async def _close(listener, *comms):
     listener.stop()
 
 
+def _counting_bootstraps(monkeypatch) -> list[int]:
+    """The devices each channel of this process opens over the bootstrap provider."""
+    from dask_lcicomm.link import Links
+
+    opened: list[int] = []
+    original = Links.bootstrap
+
+    def counted(self, host, port, index):
+        opened.append(index)
+        return original(self, host, port, index)
+
+    monkeypatch.setattr(Links, "bootstrap", counted)
+    return opened
+
+
+@pytest.mark.parametrize("bound", ["127.0.0.1", "0.0.0.0"])
 @gen_test(timeout=30)
-async def test_peers_on_one_host_use_shared_memory():
-    listener, near, far = await _pair()
+async def test_peers_on_one_host_use_shared_memory_with_no_tcp_connection_first(monkeypatch, bound):
+    bootstraps = _counting_bootstraps(monkeypatch)
+    accepted: asyncio.Queue = asyncio.Queue()
+    listener = listen(f"lci://{bound}:0", accepted.put)
+    await listener.start()
+    address = f"lci://127.0.0.1:{listener.listen_address.rsplit(':', 1)[1]}"
+    near = await connect(address)
+    far = await asyncio.wait_for(accepted.get(), 10)
     try:
+        assert bootstraps == []
         assert near.extra_info["provider"] == far.extra_info["provider"] == "shm"
-        assert near.peer_address == far.local_address == listener.contact_address
+        assert near.extra_info["peer_pid"] == far.extra_info["peer_pid"] == os.getpid()
+        assert near.peer_address == far.local_address == address
         assert far.peer_address == near.local_address
         await near.write({"x": b"a" * 200_000})
         assert await far.read() == {"x": b"a" * 200_000}
@@ -61,9 +86,11 @@ async def test_providers_that_prefer_tcp_use_tcp(providers):
 @gen_test(timeout=30)
 async def test_a_refused_peer_falls_back_to_tcp_with_a_logged_reason(monkeypatch, caplog):
     monkeypatch.setattr(shm_handshake.os, "getuid", lambda: 4242)
+    bootstraps = _counting_bootstraps(monkeypatch)
     with caplog.at_level(logging.INFO, "dask_lcicomm"):
         listener, near, far = await _pair()
     try:
+        assert bootstraps == [0]
         assert near.extra_info["provider"] == far.extra_info["provider"] == "tcp"
         assert "does not use shm" in caplog.text and "runs as uid" in caplog.text
         await far.write("still works")

@@ -5,12 +5,15 @@ attribute implements :class:`Provider`; adding a fabric is adding one module
 and naming it in ``distributed.comm.lci.providers``. The parcelport and the
 listener only ever talk to this interface.
 
-Every channel starts on the *bootstrap* provider (``tcp``): it reaches every
+A channel starts on the *bootstrap* provider (``tcp``): it reaches every
 peer and carries the greeting in which a listener offers the other providers
 it runs. The connecting side then tries the offered providers it prefers to
 the bootstrap, in its configured order, and keeps the first that connects.
 A list without the bootstrap still greets over it, but no channel may stay
-on it: a peer none of the listed providers reaches is an error.
+on it: a peer none of the listed providers reaches is an error. Only when
+the most preferred provider finds the listener by its address alone
+(:meth:`Provider.direct`: shared memory on this host) does a channel start
+there, with no bootstrap connection.
 
 A provider whose module cannot be imported here (a dependency or a compiled
 helper is missing) is unavailable, with the import error as the reason: the
@@ -54,12 +57,13 @@ class PeerOffer:
 
     host: str
     port: int
-    #: The peer process's id and host name, from its greeting.
+    #: The peer process's id and host name, from its greeting (None before one).
     pid: Any
     hostname: Any
-    #: What the peer's listener offered for this provider (None for the bootstrap).
+    #: What the peer's listener offered for this provider (None for the
+    #: bootstrap), or what :meth:`Provider.direct` found.
     offer: Any
-    #: Addresses of the bootstrap device, which the new device stands for.
+    #: The addresses the new device stands for (the bootstrap device's, if any).
     local_address: str = ""
     peer_address: str = ""
 
@@ -97,10 +101,17 @@ class Provider(ABC):
     ) -> Offering:
         """Start accepting peers; ``accepted`` gets each new device.
 
-        ``port`` matters only to the bootstrap provider; the others get the
-        host the bootstrap is bound to, so that peers that reach it reach
-        them too. On failure nothing stays open.
+        The bootstrap provider binds ``host:port``; the others get the
+        address it is bound to, so that peers that reach it reach them too
+        (and a provider may name its endpoint after it, see :meth:`direct`).
+        On failure nothing stays open.
         """
+
+    def direct(self, host: str, port: int) -> Any:
+        """The offer of the listener at ``host:port`` when this provider finds
+        it by that address alone (a listener on this host), so that no
+        bootstrap connection needs to ask for it; None otherwise."""
+        return None
 
     @abstractmethod
     async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:

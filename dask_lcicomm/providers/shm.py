@@ -47,7 +47,7 @@ except ImportError as e:
 
 from dask_lcicomm.providers.frame_memory import FrameMemory
 from dask_lcicomm.providers.shm_budget import SharedMemoryBudget, budget
-from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen
+from dask_lcicomm.providers.shm_handshake import ShmLink, accept, connect, listen, names_for
 from dask_lcicomm.providers.shm_options import SECTION, ShmOptions
 from dask_lcicomm.providers.shm_pool import ALIGN, PoolAllocator
 from dask_lcicomm.providers.shm_reads import READ_HANDLE, Lender, Loan, LoanCompletions, read
@@ -365,7 +365,7 @@ class ShmProvider(Provider):
         options: DeviceOptions,
         accepted: Callable[[Device], None],
     ) -> Offering:
-        sock, name = listen(int(dask.config.get("distributed.comm.socket-backlog")))
+        sock, name = listen(int(dask.config.get("distributed.comm.socket-backlog")), host, port)
         shm = ShmOptions.of(settings)
         layout = _layout(shm)
         timeout = connect_timeout()
@@ -377,12 +377,17 @@ class ShmProvider(Provider):
         close = accept_handshakes(sock, handshake, accepted, name)
         return Offering(close=close, offer=name)
 
+    def direct(self, host: str, port: int) -> tuple[str, ...] | None:
+        return names_for(host, port) or None
+
     async def connect(self, peer: PeerOffer, settings: Settings, options: DeviceOptions) -> Device:
-        if not (isinstance(peer.offer, str) and 0 < len(peer.offer) <= 100):
+        # A greeting offers one name (JSON has no tuples); :meth:`direct` the names to try.
+        names = peer.offer if isinstance(peer.offer, tuple) else (peer.offer,)
+        if not all(isinstance(name, str) and 0 < len(name) <= 100 for name in names):
             raise ProviderUnavailable(f"malformed shared-memory offer {peer.offer!r}")
         shm = ShmOptions.of(settings)
         link = await connect(
-            peer.offer, peer.pid, _layout(shm),
+            names, peer.pid, _layout(shm),
             peer.local_address, peer.peer_address, connect_timeout(),
             reads=shm.rendezvous_bytes > 0,
         )

@@ -20,12 +20,17 @@ from dask_lcicomm.providers.shm_segment import PAGE, Layout, create
 LAYOUT = Layout(PAGE, 4 * PAGE, 8)
 
 
+def _connect(names, peer_pid=None, reads=False):
+    """The connecting end, as "lci://c:1" to a listener at "lci://l:2"."""
+    return shm_handshake.connect(names, peer_pid, LAYOUT, "lci://c:1", "lci://l:2", 5, reads)
+
+
 class Listening:
     """An abstract socket whose accepted connections run ``shm_handshake.accept``."""
 
-    def __init__(self, reads=False):
+    def __init__(self, reads=False, host=None, port=0):
         self.reads = reads
-        self.sock, self.name = shm_handshake.listen(8)
+        self.sock, self.name = shm_handshake.listen(8, host, port)
         self.results: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         loop.add_reader(self.sock.fileno(), self._accept)
@@ -53,7 +58,7 @@ class Listening:
 async def test_handshake_links_two_ends_that_share_memory():
     listening = Listening()
     try:
-        near = await shm_handshake.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        near = await _connect((listening.name,), os.getpid())
         far = await listening.results.get()
         assert (far.local_address, far.peer_address) == ("lci://l:2", "lci://c:1")
         near.tx.write(LAYOUT.pool_offset, b"to far")
@@ -70,9 +75,7 @@ async def _linked(near_reads, far_reads):
     """Both ends of a handshake in this process, each offering reads or not."""
     listening = Listening(far_reads)
     try:
-        near = await shm_handshake.connect(
-            listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5, near_reads
-        )
+        near = await _connect((listening.name,), os.getpid(), near_reads)
         far = await listening.results.get()
     finally:
         listening.close()
@@ -104,7 +107,7 @@ async def test_handshake_refuses_another_process_than_the_greeter():
     listening = Listening()
     try:
         with pytest.raises(ProviderUnavailable, match="belongs to pid"):
-            await shm_handshake.connect(listening.name, os.getpid() + 1, LAYOUT, "lci://c:1", "lci://l:2", 5)
+            await _connect((listening.name,), os.getpid() + 1)
     finally:
         listening.close()
 
@@ -115,7 +118,7 @@ async def test_handshake_refuses_another_user(monkeypatch):
     try:
         monkeypatch.setattr(shm_handshake.os, "getuid", lambda: 12345)
         with pytest.raises(ProviderUnavailable, match="runs as uid"):
-            await shm_handshake.connect(listening.name, os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+            await _connect((listening.name,), os.getpid())
         refused = await listening.results.get()
         assert isinstance(refused, ProviderUnavailable) and "runs as uid" in str(refused)
     finally:
@@ -125,7 +128,48 @@ async def test_handshake_refuses_another_user(monkeypatch):
 @gen_test(timeout=30)
 async def test_handshake_with_nobody_there():
     with pytest.raises(ProviderUnavailable, match=r"ConnectionRefused|FileNotFound"):
-        await shm_handshake.connect("dask-lcicomm-nobody", os.getpid(), LAYOUT, "lci://c:1", "lci://l:2", 5)
+        await _connect(("dask-lcicomm-nobody",), os.getpid())
+
+
+@pytest.mark.parametrize("bound, reached", [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1")])
+@gen_test(timeout=30)
+async def test_a_listener_on_this_host_is_found_by_its_address(bound, reached):
+    """No greeting is needed to find it: the names for the address it is
+    reached at lead to it, whether it is bound to that address or to all."""
+    listening = Listening(host=bound, port=40123)
+    try:
+        names = shm_handshake.names_for(reached, 40123)
+        assert listening.name in names
+        near = await _connect(names)
+        far = await listening.results.get()
+        assert near.peer_pid == far.peer_pid == os.getpid()
+        for link in (near, far):
+            link.sock.close()
+    finally:
+        listening.close()
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "localhost", "not an address"])
+def test_no_names_for_another_host_or_a_host_name(host):
+    """An address of another host (TEST-NET-1 here) could share a port
+    number with a listener of this one; a name would have to be resolved."""
+    assert shm_handshake.names_for(host, 40123) == ()
+
+
+@gen_test(timeout=30)
+async def test_a_second_listener_at_a_taken_name_gets_one_only_its_greeting_tells():
+    first = Listening(host="127.0.0.1", port=40124)
+    second = Listening(host="127.0.0.1", port=40124)
+    try:
+        assert first.name in shm_handshake.names_for("127.0.0.1", 40124)
+        assert second.name not in shm_handshake.names_for("127.0.0.1", 40124)
+        near = await _connect((second.name,), os.getpid())
+        far = await second.results.get()
+        for link in (near, far):
+            link.sock.close()
+    finally:
+        first.close()
+        second.close()
 
 
 @pytest.mark.parametrize(
