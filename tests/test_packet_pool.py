@@ -40,3 +40,18 @@ def test_many_quiet_decoders_share_a_few_buffers():
         decoder.feed(encode_parcel(1, 0, [b"m" * seq], 1024, 1024))
     assert all(decoder._buf is None for decoder in decoders)
     assert len(pool._free) <= KEEP
+
+
+def test_a_read_that_found_nothing_gives_the_buffer_back():
+    decoder = ParcelDecoder(buffer_size=4096 + 13)
+    pool = decoder._pool
+    pool._free.clear()
+    decoder.get_buffer()  # a device reads into it; the read would block
+    decoder.read_nothing()
+    assert decoder._buf is None and len(pool._free) == 1
+    parcel = encode_parcel(1, 0, [b"head", b"x" * 100], 1024, 1024)
+    view = decoder.get_buffer()
+    view[:30] = parcel[:30]
+    assert decoder.buffer_updated(30) == []
+    decoder.read_nothing()  # half a message waits: the buffer stays
+    assert decoder._buf is not None and not pool._free

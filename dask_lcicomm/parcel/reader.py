@@ -191,12 +191,20 @@ class ParcelDecoder:
         else:
             self._end += nbytes
             self._parse(events)
+        self._give_back_if_parsed()
+        return events
+
+    def read_nothing(self) -> None:
+        """The read into :meth:`get_buffer`'s view found no bytes (it would
+        block): a quiet peer must not keep a buffer."""
+        self._give_back_if_parsed()
+
+    def _give_back_if_parsed(self) -> None:
         if self._start == self._end and self._buf is not None:
             # All parsed (frames are copies): the buffer goes back to the pool.
             self._view.release()
             self._pool.give(self._buf)
             self._buf, self._view = None, _NOTHING
-        return events
 
     def feed(self, data: Buffer) -> list[Event]:
         """Decode ``data`` (any length). With no bytes waiting before it,

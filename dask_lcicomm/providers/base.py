@@ -336,7 +336,7 @@ class Device(ABC):
                 if n < buffer.nbytes:
                     break
         except (BlockingIOError, InterruptedError):
-            pass
+            decoder.read_nothing()
         except ProtocolError as e:
             return self._fail(f"protocol error: {e}", logging.WARNING, violation=True)
         except OSError as e:
