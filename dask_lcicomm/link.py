@@ -17,6 +17,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from distributed.comm.addressing import unparse_host_port
+
 from dask_lcicomm.aggregation import Aggregator
 from dask_lcicomm.config import Settings
 from dask_lcicomm.link_protocol import Acceptor, Greeting, LinkProtocol, Receiver
@@ -33,7 +35,6 @@ from dask_lcicomm.providers.registry import (
     ProviderUnavailable,
 )
 from dask_lcicomm.providers.send_queue import Raw
-from dask_lcicomm.providers.sockets import address_of
 
 #: How long a closing link waits for the peer's end before it is closed hard.
 LINGER = 10.0
@@ -222,9 +223,11 @@ class Links:
         """A greeted link over ``provider`` to the listener at ``host:port``,
         which ``provider`` found by that address (its ``offer``), with no
         bootstrap link first."""
-        local = address_of((host, 0))  # no port of ours stands for the device
+        # No port of ours stands for the device: port 0 in its local address.
+        local = f"lci://{unparse_host_port(host, 0)}"
+        peer = f"lci://{unparse_host_port(host, port)}"
         device = await provider.connect(
-            PeerOffer(host, port, None, None, offer, local, address_of((host, port))),
+            PeerOffer(host, port, None, None, offer, local, peer),
             self._settings,
             self._options(False),
         )
