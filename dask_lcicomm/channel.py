@@ -112,7 +112,7 @@ class Channel:
 
     async def _open_links(self, host: str, port: int) -> list[Link]:
         direct = await self._open_direct(host, port)
-        if direct:
+        if direct is not None:
             return direct
         n = self._ndevices
         opener = self._opener
@@ -148,10 +148,12 @@ class Channel:
         a direct attempt failed is logged at debug: the bootstrap path tries
         again and says why)."""
         upgrades = self._opener.upgrades()
-        offer = upgrades[0].direct(host, port) if upgrades else None
-        if offer is None:
+        if not upgrades:
             return None
         provider = upgrades[0]
+        offer = provider.direct(host, port)
+        if offer is None:
+            return None
         try:
             return await self._all(
                 self._opener.direct(provider, host, port, offer, i) for i in range(self._ndevices)
